@@ -1,0 +1,430 @@
+"""`tune`: argument parsing and printing only; the work happens in the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import UserError
+
+SUBCOMMANDS = ("run", "show", "export", "models", "estimate", "calibrate")
+
+DESCRIPTION = """\
+Find the fastest verl Megatron configuration for a model, an RL workload and a GPU count.
+
+  tune --model qwen3-30b-moe --gpus 32          search (runner auto: estimator without a GPU)
+  tune show results/<study>.csv                 ranked leaderboard (ours or a reference CSV)
+  tune export results/<study>.csv --rank 1      the best row as a runnable verl script
+  tune models                                   the model registry
+  tune estimate --model qwen2.5-7b --gpus 8 --layout tp4pp2    the cost model for one layout
+"""
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        required=True,
+        help="registry name (see `tune models`) or a path to a Hugging Face "
+        "config.json or its folder",
+    )
+    p.add_argument("--gpus", type=int, required=True, help="GPUs in all")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--gpu", default="h100", help="GPU kind: h100, h200, h20, a100 (default h100)")
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    from tuner.workload import PRESETS
+
+    g = p.add_argument_group("workload (a preset, each field overridable)")
+    g.add_argument(
+        "--workload",
+        default="dapo-math",
+        help=f"preset: {', '.join(PRESETS)} (default dapo-math: 2048-token prompts, "
+        "8192-token responses, 512 prompts x 16, mini batch 32)",
+    )
+    g.add_argument("--algorithm", choices=("grpo", "dapo", "ppo"))
+    g.add_argument("--prompt-len", type=int, help="max prompt tokens")
+    g.add_argument("--response-len", type=int, help="max response tokens")
+    g.add_argument("--response-mean", type=int, help="mean response tokens (default: half the max)")
+    g.add_argument("--batch", type=int, help="prompts per step (data.train_batch_size)")
+    g.add_argument("--n", type=int, help="responses per prompt (rollout.n)")
+    g.add_argument("--mini-batch", type=int, help="PPO mini batch in prompts")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tune", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command")
+
+    run = sub.add_parser(
+        "run",
+        help="search for the fastest configuration (the default command)",
+        description="Search with Optuna. Every trial becomes a row of results/<study>.csv; the "
+        "best rows become scripts under recipes/<model>/. Stop it any time and run "
+        "the same command again to resume.",
+    )
+    _add_cluster_args(run)
+    _add_workload_args(run)
+    g = run.add_argument_group("search")
+    g.add_argument(
+        "--trials",
+        type=int,
+        default=50,
+        help="trials the study should hold; a resumed study runs the rest (default 50)",
+    )
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="stop starting trials after this many seconds (default: none)",
+    )
+    g.add_argument(
+        "--trial-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds one launched trial may run before it ends as `timeout` (default 1800)",
+    )
+    g.add_argument(
+        "--runner",
+        default="auto",
+        choices=("auto", "estimate", "megatron", "verl"),
+        help="auto: megatron on a GPU machine, else the estimator (default auto)",
+    )
+    g.add_argument(
+        "--storage",
+        default="",
+        help="Optuna storage: a URL (sqlite:///, postgresql://, mysql://), a "
+        "*.log journal file for several workers, or a SQLite path "
+        "(default results/studies.sqlite3)",
+    )
+    g.add_argument(
+        "--study", default="", help="study name (default: model-gpuxN[-workload]-runner)"
+    )
+    g.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    g.add_argument(
+        "--no-warm-start",
+        action="store_true",
+        help="do not try the reference layouts and the estimator's best first",
+    )
+    g.add_argument("--results-dir", type=Path, default=Path("results"))
+    g.add_argument("--recipes-dir", type=Path, default=Path("recipes"))
+    g.add_argument(
+        "--recipes",
+        type=int,
+        default=3,
+        help="write recipe scripts for this many best rows (default 3)",
+    )
+    g.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="calibration profile (default results/calibration.json if present)",
+    )
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    show = sub.add_parser("show", help="print a leaderboard, ranked")
+    show.add_argument("csv", type=Path, nargs="+", help="leaderboard CSV(s), ours or reference")
+    show.add_argument("--status", help="only rows with this status (ok, oom, failed, ...)")
+    show.add_argument("--top", type=int, default=None, help="only the first N rows")
+    show.add_argument("--sort", default="tokens_per_s_per_gpu", help="column to sort by")
+    show.add_argument("--asc", action="store_true", help="ascending")
+    show.add_argument("--columns", help="comma-separated columns to print")
+
+    exp = sub.add_parser("export", help="write a row as a runnable verl recipe script")
+    exp.add_argument("csv", type=Path, help="leaderboard CSV")
+    exp.add_argument("--rank", type=int, default=1, help="rank among ok rows (default 1)")
+    exp.add_argument("--trial", type=int, default=None, help="or a trial number")
+    exp.add_argument("--steps", type=int, default=3, help="trainer.total_training_steps")
+    exp.add_argument("--recipes-dir", type=Path, default=Path("recipes"))
+
+    sub.add_parser("models", help="list the model registry")
+
+    est = sub.add_parser("estimate", help="the cost model's prediction for one configuration")
+    _add_cluster_args(est)
+    _add_workload_args(est)
+    est.add_argument("--layout", required=True, help="tp4pp2vpp2, tp2cp2, ep8cp4, tp4ep16, ...")
+    est.add_argument("--rollout-tp", type=int, default=1)
+    est.add_argument(
+        "--max-token-len",
+        type=int,
+        default=None,
+        help="ppo_max_token_len_per_gpu (default 2x prompt+response)",
+    )
+    est.add_argument(
+        "--logprob-max-token-len",
+        type=int,
+        default=None,
+        help="log_prob_max_token_len_per_gpu (default 3x prompt+response)",
+    )
+    est.add_argument("--offload", action="store_true", help="param, grad and optimizer offload")
+    est.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    est.add_argument("--no-fused-kernels", action="store_true")
+    est.add_argument("--no-sequence-parallel", action="store_true")
+    est.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    est.add_argument("--profile", type=Path, default=None)
+    est.add_argument("--json", action="store_true", help="one JSON object")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help"):
+        args_list.insert(0, "run")
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(COMMANDS[args.command](args) or 0)
+    except UserError as e:
+        print(f"tune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tune: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+def _cluster_model_workload(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    from tuner.hardware import Cluster, get_gpu
+    from tuner.models import get_model
+    from tuner.workload import get_workload
+
+    model = get_model(args.model)
+    cluster = Cluster(gpu=get_gpu(args.gpu), num_gpus=args.gpus, gpus_per_node=args.gpus_per_node)
+    workload = get_workload(args.workload).with_overrides(
+        algorithm=args.algorithm,
+        prompt_len=args.prompt_len,
+        response_len=args.response_len,
+        response_mean=args.response_mean,
+        batch_size=args.batch,
+        n=args.n,
+        mini_batch_size=args.mini_batch,
+    )
+    return model, cluster, workload
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tuner.estimate import load_profile
+    from tuner.runners import make_runner
+    from tuner.study import Progress, TuneRequest, run_study
+
+    model, cluster, workload = _cluster_model_workload(args)
+    runner = make_runner(args.runner)
+    if args.runner == "auto" and runner.name == "estimate":
+        print(
+            "tune: no GPU here: using the estimator (rows say source=estimate; nothing is measured)"
+        )
+    else:
+        print(f"tune: runner {runner.name}")
+    req = TuneRequest(
+        model=model,
+        model_arg=args.model,
+        cluster=cluster,
+        workload=workload,
+        runner=runner,
+        trials=args.trials,
+        timeout_s=args.timeout,
+        trial_timeout_s=args.trial_timeout,
+        storage=args.storage,
+        study_name=args.study,
+        results_dir=args.results_dir,
+        recipes_dir=args.recipes_dir,
+        recipes=args.recipes,
+        seed=args.seed,
+        warm_start=not args.no_warm_start,
+        profile=load_profile(args.profile),
+    )
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=req.trials, unit="trial", desc=req.name, dynamic_ncols=True, file=sys.stderr
+        )
+
+    def progress(p: Progress) -> None:
+        if bar is None:
+            return
+        if bar.n == 0 and p.done > 1:
+            bar.update(p.done - 1)
+        bar.update(1)
+        best = (
+            f"{p.best_tokens_per_s_per_gpu:.0f} tok/s/gpu {p.best_layout}"
+            if p.best_tokens_per_s_per_gpu
+            else "none yet"
+        )
+        bar.set_postfix_str(f"best {best}, last {p.status}")
+
+    try:
+        summary = run_study(req, progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    from tuner.results import SHOW_COLUMNS, format_table
+
+    if summary.resumed_from:
+        print(f"resumed study {summary.name}: {summary.resumed_from} trials were done before")
+    print(
+        f"study {summary.name}: {summary.trials_run} trials run, {summary.trials_total} in all; "
+        f"leaderboard {summary.csv_path}"
+    )
+    if summary.best_rows:
+        print(format_table(summary.best_rows, [c for c in SHOW_COLUMNS if c != "reason"]))
+    else:
+        print("no trial finished ok: see the reason column of the leaderboard")
+    for p in summary.recipe_paths:
+        print(f"recipe: {p}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from tuner.results import SHOW_COLUMNS, format_table, rank, read_rows
+
+    rows = [r for path in args.csv for r in read_rows(path)]
+    rows = rank(
+        rows,
+        sort_by=args.sort,
+        status=args.status,
+        top=args.top,
+        descending=False if args.asc else None,
+    )
+    cols = args.columns.split(",") if args.columns else SHOW_COLUMNS
+    if len(args.csv) > 1 and not args.columns:
+        cols = ("study", *cols)
+    print(format_table(rows, cols))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tuner import recipes
+    from tuner.hardware import Cluster, get_gpu
+    from tuner.models import get_model
+    from tuner.results import rank, read_raw
+    from tuner.space import Candidate
+    from tuner.workload import Workload, get_workload
+
+    rows = read_raw(args.csv)
+    if args.trial is not None:
+        chosen = [r for r in rows if r.get("trial") == str(args.trial)]
+        if not chosen:
+            raise UserError(f"no trial {args.trial} in {args.csv}")
+        row = chosen[0]
+    else:
+        ok = rank(rows, status="ok")
+        if not 1 <= args.rank <= len(ok):
+            raise UserError(f"{args.csv} has {len(ok)} ok rows: pass --rank 1..{len(ok)}")
+        row = ok[args.rank - 1]
+    model = get_model(row["model"])
+    cluster = Cluster(
+        gpu=get_gpu(row["gpu"]),
+        num_gpus=int(row["num_gpus"]),
+        gpus_per_node=int(row["gpus_per_node"]),
+    )
+    base = get_workload(row["workload"]) if row.get("workload") in _presets() else Workload()
+    workload = base.with_overrides(
+        algorithm=row["algorithm"],
+        prompt_len=int(row["max_prompt_len"]),
+        response_len=int(row["max_response_len"]),
+        batch_size=int(row["bs"]),
+        n=int(row["n"]),
+        mini_batch_size=int(row["mini_bs"]),
+    )
+    cand = Candidate.from_record(row, cluster.num_gpus)
+    origin = f"{args.csv} trial {row['trial']} (source={row['source']}, status={row['status']})"
+    recipe = recipes.render(cand, model, cluster, workload, origin=origin, steps=args.steps)
+    path = recipes.write(
+        recipe, args.recipes_dir / recipes._slug(model.name), suffix=f"t{row['trial']}"
+    )
+    print(path)
+    return 0
+
+
+def _presets() -> set[str]:
+    from tuner.workload import PRESETS
+
+    return set(PRESETS)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from tuner.models import REGISTRY
+
+    head = (
+        f"{'name':16} {'params':>8} {'active':>8} {'layers':>6} {'hidden':>6} {'heads':>5} "
+        f"{'kv':>3} {'experts':>7} {'topk':>4}  hf"
+    )
+    print(head)
+    for m in REGISTRY.values():
+        print(
+            f"{m.name:16} {m.num_params / 1e9:7.1f}B {m.num_active_params / 1e9:7.1f}B "
+            f"{m.num_layers:6} {m.hidden_size:6} {m.num_attention_heads:5} {m.num_kv_heads:3} "
+            f"{m.num_experts:7} {m.moe_topk:4}  {m.hf_id}"
+        )
+    return 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from tuner.estimate import estimate, load_profile
+    from tuner.space import Candidate, ParallelLayout, validate
+
+    model, cluster, workload = _cluster_model_workload(args)
+    lay = ParallelLayout.parse(args.layout, cluster.num_gpus)
+    seq = workload.max_seq_len
+    c = Candidate(
+        layout=lay,
+        sequence_parallel=lay.tp > 1 and not args.no_sequence_parallel,
+        recompute_granularity=args.recompute,
+        param_offload=args.offload,
+        grad_offload=args.offload,
+        optimizer_offload=args.offload,
+        use_fused_kernels=not args.no_fused_kernels,
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=args.max_token_len or 2 * seq,
+        log_prob_max_token_len_per_gpu=args.logprob_max_token_len or 3 * seq,
+        rollout_tp=args.rollout_tp,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_batched_tokens=seq,
+    )
+    problems = validate(c, model, cluster, workload)
+    if problems:
+        raise UserError(f"layout {args.layout}: " + "; ".join(problems))
+    e = estimate(c, model, cluster, workload, load_profile(args.profile))
+    if args.json:
+        print(json.dumps(e.as_dict(), default=float))
+        return 0
+    print(
+        f"{model.name} on {cluster.num_gpus}x {cluster.gpu.name}, actor {lay.notation}, "
+        f"rollout tp{args.rollout_tp} (source=estimate)"
+    )
+    for k in ("generation_s", "old_log_prob_s", "ref_s", "update_actor_s", "reshard_s", "step_s"):
+        print(f"  {k:16} {getattr(e, k):9.1f} s")
+    print(f"  {'throughput':16} {e.throughput_tokens_per_s_per_gpu:9.0f} tokens/s/GPU")
+    print(f"  {'mfu':16} {e.mfu * 100:9.1f} %")
+    print(
+        f"  {'peak memory':16} {e.peak_mem_gib:9.1f} GiB in {e.peak_phase} "
+        f"({'fits' if e.fits else 'does NOT fit'} {cluster.gpu.memory_gib:.0f} GiB)"
+    )
+    print(f"  bottleneck: {e.bottleneck}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    raise UserError("tune calibrate is not built yet")
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "show": cmd_show,
+    "export": cmd_export,
+    "models": cmd_models,
+    "estimate": cmd_estimate,
+    "calibrate": cmd_calibrate,
+}
+
+if __name__ == "__main__":
+    raise SystemExit(main())

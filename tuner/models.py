@@ -1,0 +1,291 @@
+"""Model architectures: a registry of known models and a reader for Hugging Face config.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from tuner.errors import UserError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """The architecture numbers the search space and the cost model need."""
+
+    name: str
+    """Registry name or the path it was read from."""
+    num_layers: int
+    """Transformer blocks."""
+    hidden_size: int
+    """Model width."""
+    ffn_hidden_size: int
+    """Dense MLP inner width (unused by layers that are MoE)."""
+    num_attention_heads: int
+    """Query heads."""
+    num_kv_heads: int
+    """Key/value heads (grouped-query attention)."""
+    head_dim: int
+    """Width of one attention head."""
+    vocab_size: int
+    """Embedding rows (padded vocabulary as shipped in config.json)."""
+    num_experts: int = 0
+    """Routed experts per MoE layer; 0 for a dense model."""
+    moe_topk: int = 0
+    """Experts each token is routed to."""
+    moe_ffn_hidden_size: int = 0
+    """Inner width of one expert's MLP."""
+    qkv_bias: bool = False
+    """Whether the QKV projection has a bias (Qwen2 does)."""
+    tie_word_embeddings: bool = False
+    """Whether the output layer shares the embedding weights."""
+    hf_id: str = ""
+    """The Hugging Face repository the numbers come from, for recipes."""
+
+    def __post_init__(self) -> None:
+        for f in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim"):
+            if getattr(self, f) <= 0:
+                raise UserError(f"model {self.name}: {f} must be positive, got {getattr(self, f)}")
+        if self.num_attention_heads % self.num_kv_heads:
+            raise UserError(
+                f"model {self.name}: num_attention_heads ({self.num_attention_heads}) must be a "
+                f"multiple of num_key_value_heads ({self.num_kv_heads})"
+            )
+        if self.num_experts and not (0 < self.moe_topk <= self.num_experts):
+            raise UserError(
+                f"model {self.name}: num_experts_per_tok ({self.moe_topk}) must be in "
+                f"1..num_experts ({self.num_experts})"
+            )
+        if self.num_experts and self.moe_ffn_hidden_size <= 0:
+            raise UserError(f"model {self.name}: moe_intermediate_size must be positive")
+        if not self.num_experts and self.ffn_hidden_size <= 0:
+            raise UserError(f"model {self.name}: intermediate_size must be positive")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        bias = (q + 2 * kv) if self.qkv_bias else 0
+        return self.hidden_size * (q + 2 * kv) + q * self.hidden_size + bias + 2 * self.hidden_size
+
+    @property
+    def dense_mlp_params_per_layer(self) -> int:
+        """A SwiGLU MLP: gate, up and down projections."""
+        return 3 * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def expert_params_per_layer(self) -> int:
+        """All routed experts of one layer (zero for dense)."""
+        return self.num_experts * 3 * self.hidden_size * self.moe_ffn_hidden_size
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    @property
+    def num_params(self) -> int:
+        """Total parameters."""
+        per_layer = self.attn_params_per_layer + (
+            self.expert_params_per_layer + self.hidden_size * self.num_experts
+            if self.is_moe
+            else self.dense_mlp_params_per_layer
+        )
+        return self.num_layers * per_layer + self.embedding_params + self.hidden_size
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token touches (MoE: top-k experts only)."""
+        if not self.is_moe:
+            return self.num_params
+        active_mlp = self.moe_topk * 3 * self.hidden_size * self.moe_ffn_hidden_size
+        per_layer = self.attn_params_per_layer + active_mlp + self.hidden_size * self.num_experts
+        return self.num_layers * per_layer + self.embedding_params + self.hidden_size
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs of one token in a causal sequence of seq_len tokens.
+
+        2 FLOPs per active weight (embedding lookup excluded) plus attention scores and values:
+        2 * 2 * layers * heads * head_dim * seq_len / 2 (causal halves the work).
+        """
+        matmul_params = self.num_active_params - self.vocab_size * self.hidden_size
+        if self.tie_word_embeddings:
+            matmul_params += self.vocab_size * self.hidden_size
+        attn = 2 * self.num_layers * self.num_attention_heads * self.head_dim * seq_len
+        return 2.0 * matmul_params + attn
+
+
+def _spec(name: str, hf_id: str, **kw: int | bool) -> ModelSpec:
+    return ModelSpec(name=name, hf_id=hf_id, **kw)  # type: ignore[arg-type]
+
+
+# Numbers from each model's config.json on the Hugging Face hub.
+REGISTRY: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        _spec(
+            "qwen2.5-7b",
+            "Qwen/Qwen2.5-7B-Instruct",
+            num_layers=28,
+            hidden_size=3584,
+            ffn_hidden_size=18944,
+            num_attention_heads=28,
+            num_kv_heads=4,
+            head_dim=128,
+            vocab_size=152064,
+            qkv_bias=True,
+        ),
+        _spec(
+            "qwen2.5-14b",
+            "Qwen/Qwen2.5-14B-Instruct",
+            num_layers=48,
+            hidden_size=5120,
+            ffn_hidden_size=13824,
+            num_attention_heads=40,
+            num_kv_heads=8,
+            head_dim=128,
+            vocab_size=152064,
+            qkv_bias=True,
+        ),
+        _spec(
+            "qwen2.5-32b",
+            "Qwen/Qwen2.5-32B-Instruct",
+            num_layers=64,
+            hidden_size=5120,
+            ffn_hidden_size=27648,
+            num_attention_heads=40,
+            num_kv_heads=8,
+            head_dim=128,
+            vocab_size=152064,
+            qkv_bias=True,
+        ),
+        _spec(
+            "qwen3-8b",
+            "Qwen/Qwen3-8B",
+            num_layers=36,
+            hidden_size=4096,
+            ffn_hidden_size=12288,
+            num_attention_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+        ),
+        _spec(
+            "qwen3-30b-moe",
+            "Qwen/Qwen3-30B-A3B",
+            num_layers=48,
+            hidden_size=2048,
+            ffn_hidden_size=6144,
+            num_attention_heads=32,
+            num_kv_heads=4,
+            head_dim=128,
+            vocab_size=151936,
+            num_experts=128,
+            moe_topk=8,
+            moe_ffn_hidden_size=768,
+        ),
+        _spec(
+            "qwen3-235b-moe",
+            "Qwen/Qwen3-235B-A22B",
+            num_layers=94,
+            hidden_size=4096,
+            ffn_hidden_size=12288,
+            num_attention_heads=64,
+            num_kv_heads=4,
+            head_dim=128,
+            vocab_size=151936,
+            num_experts=128,
+            moe_topk=8,
+            moe_ffn_hidden_size=1536,
+        ),
+        _spec(
+            "llama3.1-8b",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            num_layers=32,
+            hidden_size=4096,
+            ffn_hidden_size=14336,
+            num_attention_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            vocab_size=128256,
+        ),
+        _spec(
+            "llama3.1-70b",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            num_layers=80,
+            hidden_size=8192,
+            ffn_hidden_size=28672,
+            num_attention_heads=64,
+            num_kv_heads=8,
+            head_dim=128,
+            vocab_size=128256,
+        ),
+    )
+}
+
+
+def from_hf_config(path: Path) -> ModelSpec:
+    """Read a Hugging Face config.json (or a folder holding one)."""
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"no config.json at {path}: pass a registry name or a valid path") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(
+            f"{path} is not valid JSON ({e}): pass a Hugging Face config.json"
+        ) from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"{path} holds no JSON object: pass a Hugging Face config.json")
+    cfg = {**cfg, **cfg.get("text_config", {})} if isinstance(cfg.get("text_config"), dict) else cfg
+    required = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+    missing = [k for k in required if k not in cfg]
+    if missing:
+        raise UserError(f"{path} lacks {', '.join(missing)}: pass a Hugging Face config.json")
+    try:
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        return ModelSpec(
+            name=str(path.parent.name or path),
+            num_layers=int(cfg["num_hidden_layers"]),
+            hidden_size=hidden,
+            ffn_hidden_size=int(cfg.get("intermediate_size") or 0),
+            num_attention_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            vocab_size=int(cfg["vocab_size"]),
+            num_experts=experts,
+            moe_topk=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+            moe_ffn_hidden_size=int(cfg.get("moe_intermediate_size") or 0) if experts else 0,
+            qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            hf_id=str(cfg.get("_name_or_path") or ""),
+        )
+    except (TypeError, ValueError) as e:
+        if isinstance(e, UserError):
+            raise
+        raise UserError(f"{path} has a non-numeric architecture field ({e})") from None
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A registry name (`qwen3-30b-moe`) or a path to a config.json or its folder."""
+    key = name_or_path.lower()
+    if key in REGISTRY:
+        return REGISTRY[key]
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        return from_hf_config(path)
+    known = ", ".join(sorted(REGISTRY))
+    raise UserError(
+        f"unknown model {name_or_path!r}: use one of {known}, or a path to a config.json"
+    )
+
+
+def spec_fields() -> list[str]:
+    """Field names, for tables."""
+    return [f.name for f in fields(ModelSpec)]

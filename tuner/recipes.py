@@ -1,0 +1,97 @@
+"""Candidate + workload -> a runnable bash script with every verl override of the row."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner import verl_command
+from tuner.hardware import Cluster
+from tuner.models import ModelSpec
+from tuner.space import Candidate
+from tuner.workload import Workload
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recipe:
+    name: str
+    """File name: model, degrees and hardware (`qwen3-30b-moe_tp4-pp2-ep8_h100x32.sh`)."""
+    text: str
+
+
+def recipe_name(c: Candidate, m: ModelSpec, cl: Cluster) -> str:
+    lay = c.layout.notation
+    degrees = "-".join(_split_degrees(lay)) + f"-rtp{c.rollout_tp}"
+    return f"{_slug(m.name)}_{degrees}_{cl.label}.sh"
+
+
+def _split_degrees(notation: str) -> list[str]:
+    import re
+
+    return re.findall(r"[a-z]+\d+", notation)
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name.lower()).strip("-")
+
+
+def _quote(arg: str) -> str:
+    """Double quotes where the value holds a ${VAR} the shell must expand, else shlex quoting."""
+    if "${" in arg:
+        return '"' + arg.replace('"', '\\"') + '"'
+    return shlex.quote(arg)
+
+
+def render(
+    c: Candidate, m: ModelSpec, cl: Cluster, w: Workload, *, origin: str = "", steps: int = 3
+) -> Recipe:
+    """A bash script that runs verl's main_ppo with the candidate's overrides.
+
+    MODEL_PATH, TRAIN_FILE and NNODES come from the environment; TOTAL_STEPS defaults to `steps`
+    (3, as the tuner measures)."""
+    ov = verl_command.overrides(c, m, cl, w, steps=steps, experiment=recipe_name(c, m, cl)[:-3])
+    ov["trainer.total_training_steps"] = "${TOTAL_STEPS}"
+    args = verl_command.override_args(ov)
+    hf = m.hf_id or m.name
+    env = "\n".join(f"export {k}={v}" for k, v in verl_command.ENV.items())
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# verl-tuner recipe: {m.name} on {cl.num_gpus}x {cl.gpu.name} "
+        f"({cl.num_nodes} node(s) of {cl.local_gpus}), actor {c.layout.notation}, "
+        f"rollout tp{c.rollout_tp}",
+        f"# workload: {w.algorithm}, prompt {w.prompt_len} + response {w.response_len} tokens, "
+        f"{w.batch_size} prompts x {w.n}, mini batch {w.mini_batch_size}",
+    ]
+    if origin:
+        lines.append(f"# origin: {origin}")
+    lines += [
+        "# usage: MODEL_PATH=/path/to/model TRAIN_FILE=/path/to/train.parquet NNODES=N "
+        "bash this.sh [extra overrides]",
+        "set -euo pipefail",
+        f"MODEL_PATH=${{MODEL_PATH:?set MODEL_PATH to a local copy of {hf}}}",
+        "TRAIN_FILE=${TRAIN_FILE:?set TRAIN_FILE to a parquet file of prompts}",
+        f"NNODES=${{NNODES:-{cl.num_nodes}}}",
+        f"TOTAL_STEPS=${{TOTAL_STEPS:-{steps}}}",
+        env,
+        "",
+        " ".join(verl_command.ENTRYPOINT) + " \\",
+        *[f"    {_quote(a)} \\" for a in args],
+        '    "$@"',
+        "",
+    ]
+    return Recipe(name=recipe_name(c, m, cl), text="\n".join(lines))
+
+
+def write(recipe: Recipe, directory: Path, *, suffix: str = "") -> Path:
+    """Write atomically; a different recipe already under that name gets `suffix` appended."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / recipe.name
+    if path.exists() and path.read_text() != recipe.text and suffix:
+        path = directory / f"{recipe.name[:-3]}-{suffix}.sh"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(recipe.text)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
+    return path

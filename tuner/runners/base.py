@@ -1,0 +1,47 @@
+"""The runner interface: run(TrialSpec) -> TrialResult, never raising for an expected failure."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.estimate import Estimate
+from tuner.hardware import Cluster
+from tuner.models import ModelSpec
+from tuner.results import TrialResult
+from tuner.space import Candidate
+from tuner.workload import Workload
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialSpec:
+    """Everything a runner needs for one trial."""
+
+    number: int
+    """Optuna trial number."""
+    candidate: Candidate
+    model: ModelSpec
+    cluster: Cluster
+    workload: Workload
+    trial_dir: Path
+    """results/<study>/trials/<n>/: logs and scratch files of this trial."""
+    timeout_s: float
+    """Wall-clock limit of the launch; past it the trial ends as `timeout`."""
+    prediction: Estimate
+    """The cost model's numbers for this candidate (runners may use them to size things)."""
+    seed: int = 0
+
+
+class Runner(abc.ABC):
+    """Measures (or estimates) one candidate."""
+
+    name: str = ""
+    """`estimate`, `megatron` or `verl`: the CLI's --runner and the rows' `runner`."""
+
+    @abc.abstractmethod
+    def run(self, spec: TrialSpec) -> TrialResult:
+        """Run one trial. Expected failures (OOM, crash, timeout) are results, not raises."""
+
+    def check_available(self, cluster: Cluster) -> None:  # noqa: B027 (optional hook)
+        """Raise UserError with one actionable line if this runner cannot run here."""

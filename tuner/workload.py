@@ -1,0 +1,142 @@
+"""The RL workload one training step does: algorithm, batch, responses per prompt, lengths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from tuner.errors import UserError
+
+ALGORITHMS = ("grpo", "dapo", "ppo")
+
+DEFAULT_RESPONSE_MEAN_FRACTION = 0.5
+"""Mean response length over the maximum when none is given. Math RL runs with an 8k cap
+produce responses of about half the cap on average early in training (the reference runs'
+generation time fits that); set --response-mean to your own measured mean."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Workload:
+    """One RL step of verl's trainer."""
+
+    name: str = "custom"
+    """Preset this came from, for the study name and the CSV."""
+    algorithm: str = "dapo"
+    """grpo, dapo or ppo (ppo adds a critic)."""
+    prompt_len: int = 2048
+    """`data.max_prompt_length` in tokens."""
+    response_len: int = 8192
+    """`data.max_response_length` in tokens."""
+    response_mean: int = 0
+    """Mean generated length in tokens; 0 means DEFAULT_RESPONSE_MEAN_FRACTION of the max."""
+    batch_size: int = 512
+    """`data.train_batch_size`: prompts per step."""
+    n: int = 16
+    """`actor_rollout_ref.rollout.n`: responses per prompt."""
+    mini_batch_size: int = 32
+    """`actor_rollout_ref.actor.ppo_mini_batch_size`, in prompts."""
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise UserError(f"unknown algorithm {self.algorithm!r}: use one of {ALGORITHMS}")
+        for f in ("prompt_len", "response_len", "batch_size", "n", "mini_batch_size"):
+            if getattr(self, f) <= 0:
+                raise UserError(f"workload {f} must be positive, got {getattr(self, f)}")
+        if self.response_mean < 0 or self.response_mean > self.response_len:
+            raise UserError(
+                f"--response-mean {self.response_mean} must lie in 0..--response-len "
+                f"({self.response_len})"
+            )
+        if self.batch_size % self.mini_batch_size:
+            raise UserError(
+                f"--batch {self.batch_size} is not a multiple of --mini-batch "
+                f"{self.mini_batch_size}: pick a mini batch that divides the batch"
+            )
+
+    @property
+    def max_seq_len(self) -> int:
+        """Longest sample: prompt plus response."""
+        return self.prompt_len + self.response_len
+
+    @property
+    def mean_response_len(self) -> float:
+        if self.response_mean:
+            return float(self.response_mean)
+        return self.response_len * DEFAULT_RESPONSE_MEAN_FRACTION
+
+    @property
+    def num_samples(self) -> int:
+        """Sequences trained on per step."""
+        return self.batch_size * self.n
+
+    @property
+    def mean_seq_len(self) -> float:
+        """Mean tokens per sample (prompts are taken at full length, as the references pad)."""
+        return self.prompt_len + self.mean_response_len
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean tokens a step trains on, all samples."""
+        return self.num_samples * self.mean_seq_len
+
+    @property
+    def mini_batches_per_step(self) -> int:
+        return self.batch_size // self.mini_batch_size
+
+    def with_overrides(self, **overrides: Any) -> Workload:
+        """A copy with the non-None overrides applied (CLI flags)."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        unknown = set(given) - {f.name for f in fields(Workload)}
+        if unknown:
+            raise UserError(f"unknown workload field(s): {', '.join(sorted(unknown))}")
+        return replace(self, **given)
+
+
+PRESETS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        # The reference DAPO math runs: 2k prompt, 8k response, 512 prompts x 16, mini batch 32.
+        Workload(
+            name="dapo-math",
+            algorithm="dapo",
+            prompt_len=2048,
+            response_len=8192,
+            batch_size=512,
+            n=16,
+            mini_batch_size=32,
+        ),
+        Workload(
+            name="grpo-math",
+            algorithm="grpo",
+            prompt_len=2048,
+            response_len=8192,
+            batch_size=512,
+            n=16,
+            mini_batch_size=32,
+        ),
+        Workload(
+            name="grpo-short",
+            algorithm="grpo",
+            prompt_len=1024,
+            response_len=2048,
+            batch_size=256,
+            n=8,
+            mini_batch_size=64,
+        ),
+        Workload(
+            name="ppo-gsm8k",
+            algorithm="ppo",
+            prompt_len=512,
+            response_len=1024,
+            batch_size=1024,
+            n=1,
+            mini_batch_size=256,
+        ),
+    )
+}
+
+
+def get_workload(name: str) -> Workload:
+    if name not in PRESETS:
+        raise UserError(f"unknown workload {name!r}: use one of {', '.join(PRESETS)}")
+    return PRESETS[name]
