@@ -336,8 +336,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         mini_batch_size=int(row["mini_bs"]),
     )
     cand = Candidate.from_record(row, cluster.num_gpus)
-    origin = f"{args.csv} trial {row['trial']} (source={row['source']}, status={row['status']})"
-    recipe = recipes.render(cand, model, cluster, workload, origin=origin, steps=args.steps)
+    recipe = recipes.render(
+        cand, model, cluster, workload, steps=args.steps, origin=recipes.origin_of(args.csv, row)
+    )
     path = recipes.write(
         recipe, args.recipes_dir / recipes._slug(model.name), suffix=f"t{row['trial']}"
     )

@@ -84,6 +84,13 @@ def render(
     return Recipe(name=recipe_name(c, m, cl), text="\n".join(lines))
 
 
+def origin_of(csv_path: Path, row: dict[str, str]) -> str:
+    """The comment line naming the leaderboard row a recipe comes from."""
+    tput = row.get("tokens_per_s_per_gpu") or ""
+    what = f", {float(tput):.0f} tokens/s/GPU" if tput else ""
+    return f"{csv_path.name} trial {row['trial']} (source={row['source']}, {row['status']}{what})"
+
+
 def write(recipe: Recipe, directory: Path, *, suffix: str = "") -> Path:
     """Write atomically; a different recipe already under that name gets `suffix` appended."""
     directory.mkdir(parents=True, exist_ok=True)

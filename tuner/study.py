@@ -487,11 +487,9 @@ def write_best_recipes(req: TuneRequest) -> list[Path]:
     paths: list[Path] = []
     for row in _ok_rows(req)[: req.recipes]:
         c = Candidate.from_record(row, req.cluster.num_gpus)
-        origin = (
-            f"{req.csv_path} trial {row['trial']} (source={row['source']}, "
-            f"{float(row['tokens_per_s_per_gpu']):.0f} tokens/s/GPU)"
+        recipe = recipes.render(
+            c, req.model, req.cluster, req.workload, origin=recipes.origin_of(req.csv_path, row)
         )
-        recipe = recipes.render(c, req.model, req.cluster, req.workload, origin=origin)
         path = recipes.write(
             recipe, req.recipes_dir / recipes._slug(req.model.name), suffix=f"t{row['trial']}"
         )

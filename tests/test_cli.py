@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main
+from tuner.results import read_raw
+
+
+def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--model", "gpt-5", "--gpus", "8"], "unknown model 'gpt-5'"),
+        (["--model", "qwen2.5-7b", "--gpus", "0"], "--gpus must be positive"),
+        (["--model", "qwen2.5-7b", "--gpus", "-8"], "--gpus must be positive"),
+        (["--model", "qwen2.5-7b", "--gpus", "12"], "not a multiple of --gpus-per-node 8"),
+        (["--model", "qwen2.5-7b", "--gpus", "5"], "no parallel layout fits"),
+        (["--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "v100"], "unknown GPU kind 'v100'"),
+        (["--model", "qwen2.5-7b", "--gpus", "8", "--batch", "100"], "not a multiple of --mini"),
+        (["--model", "qwen2.5-7b", "--gpus", "8", "--trials", "0"], "--trials must be positive"),
+        (["--model", "qwen2.5-7b", "--gpus", "8", "--workload", "x"], "unknown workload 'x'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    workdir: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str
+) -> None:
+    assert main([*argv, "--no-progress"]) == 2
+    assert fragment in _err_line(capsys)
+    assert not (workdir / "results").exists() or not list((workdir / "results").glob("*.csv"))
+
+
+def test_malformed_config_json(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (workdir / "config.json").write_text("{oops")
+    assert main(["--model", "config.json", "--gpus", "8", "--no-progress"]) == 2
+    assert "not valid JSON" in _err_line(capsys)
+
+
+def test_corrupt_storage_exits_2_and_keeps_the_file(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = workdir / "my.db"
+    bad.write_bytes(b"\x00garbage" * 64)
+    argv = ["--model", "qwen2.5-7b", "--gpus", "8", "--storage", str(bad), "--no-progress"]
+    assert main(argv) == 2
+    assert "cannot be opened" in _err_line(capsys)
+    assert bad.read_bytes() == b"\x00garbage" * 64
+
+
+def test_run_show_export(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", "qwen2.5-7b", "--gpus", "8", "--trials", "15", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("tune: no GPU here: using the estimator")
+    csv_path = workdir / "results" / "qwen2.5-7b-h100x8-estimate.csv"
+    assert csv_path.exists() and len(read_raw(csv_path)) == 15
+
+    assert main(["show", str(csv_path), "--status", "ok", "--top", "3"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["trial", "status", "source"] and len(table) == 4
+    tputs = [float(line.split()[5]) for line in table[1:]]
+    assert tputs == sorted(tputs, reverse=True)
+
+    assert main(["export", str(csv_path), "--rank", "1"]) == 0
+    script = Path(capsys.readouterr().out.strip())
+    assert script.parent == Path("recipes") / "qwen2.5-7b"
+    assert script.name.endswith("_h100x8.sh") and script.name.startswith("qwen2.5-7b_")
+    text = script.read_text()
+    assert "--config-name=ppo_megatron_trainer" in text
+    assert '"trainer.total_training_steps=${TOTAL_STEPS}"' in text
+    assert "MODEL_PATH=${MODEL_PATH:?" in text and "NNODES=${NNODES:-1}" in text
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+    assert main(["export", str(csv_path), "--rank", "999"]) == 2
+    assert "pass --rank 1.." in _err_line(capsys)
+
+
+def test_show_reads_reference_csvs(anchors: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", str(anchors / "grpo_qwen2.5_7b.csv"), "--status", "oom"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 5 and all(" oom " in line for line in lines[1:])
+    assert (
+        main(
+            ["show", str(anchors / "dapo7b.csv"), "--sort", "update_actor_s", "--asc", "--top", "1"]
+        )
+        == 0
+    )
+    assert "tp4" in capsys.readouterr().out.splitlines()[1]
+
+
+def test_models_lists_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in ("qwen2.5-7b", "qwen3-30b-moe", "qwen3-235b-moe", "llama3.1-70b"):
+        assert name in out
+
+
+def test_estimate_json(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "estimate",
+        "--model",
+        "qwen2.5-7b",
+        "--gpu",
+        "h100",
+        "--gpus",
+        "8",
+        "--layout",
+        "tp4pp2",
+        "--rollout-tp",
+        "4",
+        "--json",
+    ]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    for k in (
+        "step_s",
+        "generation_s",
+        "old_log_prob_s",
+        "ref_s",
+        "update_actor_s",
+        "reshard_s",
+        "throughput_tokens_per_s_per_gpu",
+        "mfu",
+        "peak_mem_gib",
+        "fits",
+        "bottleneck",
+    ):
+        assert k in d
+    assert isinstance(d["fits"], bool)
+
+
+def test_help_explains(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--trials" in out and "resume" in out and "--storage" in out

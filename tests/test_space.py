@@ -1,0 +1,238 @@
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tuner.errors import UserError
+from tuner.hardware import Cluster, get_gpu
+from tuner.models import REGISTRY
+from tuner.space import (
+    KNOBS,
+    Candidate,
+    ParallelLayout,
+    RandomSuggester,
+    SearchSpace,
+    knob_overrides,
+    params_for,
+    sample,
+    validate,
+)
+from tuner.workload import PRESETS, Workload
+
+
+def test_layout_product_message_names_every_factor() -> None:
+    with pytest.raises(
+        ValueError, match=r"tp\(4\) \* pp\(2\) \* cp\(1\) \* dp\(3\) != world\(30\)"
+    ):
+        ParallelLayout(world=30, tp=4, pp=2)
+
+
+def test_expert_layout_must_divide_tp_cp_dp() -> None:
+    with pytest.raises(ValueError, match=r"ep\(16\) \* etp\(4\) does not divide"):
+        ParallelLayout(world=16, tp=4, ep=16, etp=4)
+    assert ParallelLayout(world=16, tp=4, ep=16, etp=1).expert_dp == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "world", "expect"),
+    [
+        ("tp4pp2vpp2", 8, dict(tp=4, pp=2, vpp=2, dp=1)),
+        ("tp2cp2", 8, dict(tp=2, cp=2, dp=2)),
+        ("ep8cp4", 32, dict(ep=8, cp=4, dp=8)),
+        ("tp4ep16", 16, dict(tp=4, ep=16, etp=1, dp=4)),
+        ("ep8cp2tp2", 32, dict(tp=2, cp=2, ep=8, dp=8)),
+        ("Tp4pp1cp1", 8, dict(tp=4, dp=2)),
+        ("all dp", 32, dict(dp=32)),
+    ],
+)
+def test_parse_reference_notation(text: str, world: int, expect: dict[str, int]) -> None:
+    lay = ParallelLayout.parse(text, world)
+    for k, v in expect.items():
+        assert getattr(lay, k) == v
+    assert ParallelLayout.parse(lay.notation, world) == lay
+
+
+@pytest.mark.parametrize("text", ["tp4xx2", "sp4fsdp8", "tp3pp"])
+def test_unreadable_layout_is_a_user_error(text: str) -> None:
+    with pytest.raises(UserError):
+        ParallelLayout.parse(text, 8)
+
+
+def _space(model: str, gpus: int, per_node: int = 8, workload: str = "dapo-math") -> SearchSpace:
+    return SearchSpace(
+        model=REGISTRY[model],
+        cluster=Cluster(gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=per_node),
+        workload=PRESETS[workload],
+    )
+
+
+def test_validate_names_each_broken_rule() -> None:
+    sp = _space("qwen2.5-7b", 8)
+    m, cl, w = sp.model, sp.cluster, sp.workload
+    bad = Candidate(
+        layout=ParallelLayout(world=8, tp=8),
+        sequence_parallel=False,
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=4096,
+        log_prob_max_token_len_per_gpu=20480,
+        rollout_tp=3,
+        gpu_memory_utilization=0.99,
+    )
+    reasons = " | ".join(validate(bad, m, cl, w))
+    assert "tp(8) does not divide the 28 attention heads" in reasons
+    assert "ppo_max_token_len_per_gpu(4096)" in reasons and "at least 10240" in reasons
+    assert "rollout tp(3)" in reasons
+    assert "gpu_memory_utilization(0.99)" in reasons
+    sp_no_tp = Candidate(
+        layout=ParallelLayout(world=8),
+        sequence_parallel=True,
+        ppo_max_token_len_per_gpu=10240,
+        log_prob_max_token_len_per_gpu=10240,
+    )
+    assert any("sequence parallel needs tp > 1" in r for r in validate(sp_no_tp, m, cl, w))
+    moe = _space("qwen3-30b-moe", 16)
+    no_sp = Candidate(
+        layout=ParallelLayout(world=16, tp=2, ep=8),
+        sequence_parallel=False,
+        ppo_max_token_len_per_gpu=10240,
+        log_prob_max_token_len_per_gpu=10240,
+    )
+    assert any(
+        "sequence parallel with MoE" in r
+        for r in validate(no_sp, moe.model, moe.cluster, moe.workload)
+    )
+    dense_ep = Candidate(
+        layout=ParallelLayout(world=8, ep=2),
+        ppo_max_token_len_per_gpu=10240,
+        log_prob_max_token_len_per_gpu=10240,
+    )
+    assert any("dense model" in r for r in validate(dense_ep, m, cl, w))
+
+
+def test_no_layout_fits_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="no parallel layout fits"):
+        _space("qwen2.5-7b", 5).check_nonempty()
+
+
+def test_moe_layouts_respect_expert_rules() -> None:
+    sp = _space("qwen3-30b-moe", 32)
+    assert "tp4ep8" in sp.layouts and "ep8" in sp.layouts
+    for lay in sp.layouts.values():
+        assert 128 % lay.ep == 0
+        assert (lay.tp * lay.cp * lay.dp) % (lay.ep * lay.etp) == 0
+
+
+SPACES = [
+    ("qwen2.5-7b", 8, 8),
+    ("qwen2.5-7b", 32, 8),
+    ("qwen3-30b-moe", 32, 8),
+    ("qwen3-30b-moe", 16, 8),
+    ("llama3.1-70b", 64, 8),
+    ("qwen3-8b", 4, 4),
+    ("qwen3-235b-moe", 128, 8),
+    ("qwen2.5-14b", 2, 8),
+]
+_BUILT = {s: _space(*s) for s in SPACES}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.sampled_from(SPACES), seed=st.integers(0, 2**32 - 1))
+def test_every_sampled_candidate_is_valid(which: tuple[str, int, int], seed: int) -> None:
+    space = _BUILT[which]
+    c = sample(RandomSuggester(random.Random(seed)), space)
+    assert validate(c, space.model, space.cluster, space.workload) == []
+    lay = c.layout
+    assert lay.tp * lay.pp * lay.cp * lay.dp == space.cluster.num_gpus
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    which=st.sampled_from(SPACES),
+    workload=st.builds(
+        Workload,
+        prompt_len=st.sampled_from([512, 1024, 2048, 3000]),
+        response_len=st.sampled_from([1024, 4096, 8192, 5000]),
+        batch_size=st.sampled_from([64, 256, 512]),
+        n=st.sampled_from([1, 4, 5, 16]),
+        mini_batch_size=st.sampled_from([16, 32, 64]),
+    ),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_sampled_candidates_are_valid_for_any_workload(
+    which: tuple[str, int, int], workload: Workload, seed: int
+) -> None:
+    model, gpus, per_node = which
+    space = SearchSpace(
+        model=REGISTRY[model],
+        workload=workload,
+        cluster=Cluster(gpu=get_gpu("h200"), num_gpus=gpus, gpus_per_node=per_node),
+    )
+    if not space.layouts:
+        with pytest.raises(UserError):
+            space.check_nonempty()
+        return
+    c = sample(RandomSuggester(random.Random(seed)), space)
+    assert validate(c, space.model, space.cluster, workload) == []
+
+
+class _Replay:
+    """Answers sample()'s questions from a fixed dict, as Optuna does for an enqueued trial."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.params = params
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        assert self.params[name] in choices, (name, self.params[name], choices)
+        return self.params[name]
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        assert low <= self.params[name] <= high
+        return int(self.params[name])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_params_for_replays_to_the_same_candidate(seed: int) -> None:
+    space = _BUILT[SPACES[seed % len(SPACES)]]
+    rs = RandomSuggester(random.Random(seed))
+    c = sample(rs, space)
+    assert params_for(c, space) == rs.params
+    assert sample(_Replay(params_for(c, space)), space) == c
+
+
+def test_record_round_trip() -> None:
+    space = _BUILT[("qwen3-30b-moe", 32, 8)]
+    for seed in range(20):
+        c = sample(RandomSuggester(random.Random(seed)), space)
+        rec = {k: str(v) for k, v in c.to_record().items()}
+        assert Candidate.from_record(rec, 32) == c
+
+
+def test_overrides_cover_each_knob_and_follow_conditions() -> None:
+    c = Candidate(
+        layout=ParallelLayout(world=8, tp=4, pp=2, vpp=2),
+        sequence_parallel=True,
+        recompute_granularity="full",
+        recompute_num_layers=2,
+        use_dynamic_bsz=False,
+        ppo_micro_batch_size_per_gpu=2,
+        log_prob_micro_batch_size_per_gpu=4,
+    )
+    ov = knob_overrides(c)
+    assert ov["actor_rollout_ref.actor.megatron.tensor_model_parallel_size"] == 4
+    assert ov["actor_rollout_ref.ref.megatron.tensor_model_parallel_size"] == 4
+    assert ov["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"] == 2
+    assert (
+        ov["+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers"]
+        == 2
+    )
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" not in ov
+    assert ov["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == 2
+    plain = knob_overrides(Candidate(layout=ParallelLayout(world=8)))
+    assert plain["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"] is None
+    assert not any("recompute" in k for k in plain)
+    assert {k.name for k in KNOBS} >= {"tp", "pp", "vpp", "cp", "ep", "etp", "rollout_tp"}
