@@ -142,3 +142,14 @@ def test_help_explains(capsys: pytest.CaptureFixture[str]) -> None:
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--trials" in out and "resume" in out and "--storage" in out
+
+
+def test_plot_writes_a_png(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    assert main(["--model", "qwen2.5-7b", "--gpus", "8", "--trials", "8", "--no-progress"]) == 0
+    capsys.readouterr()
+    csv_path = workdir / "results" / "qwen2.5-7b-h100x8-estimate.csv"
+    assert main(["plot", str(csv_path)]) == 0
+    png = Path(capsys.readouterr().out.strip())
+    assert png == csv_path.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,7 @@ from typing import Any
 
 from tuner.errors import UserError
 
-SUBCOMMANDS = ("run", "show", "export", "models", "estimate", "calibrate")
+SUBCOMMANDS = ("run", "show", "export", "plot", "models", "estimate", "calibrate")
 
 DESCRIPTION = """\
 Find the fastest verl Megatron configuration for a model, an RL workload and a GPU count.
@@ -19,6 +19,7 @@ Find the fastest verl Megatron configuration for a model, an RL workload and a G
   tune --model qwen3-30b-moe --gpus 32          search (runner auto: estimator without a GPU)
   tune show results/<study>.csv                 ranked leaderboard (ours or a reference CSV)
   tune export results/<study>.csv --rank 1      the best row as a runnable verl script
+  tune plot results/<study>.csv                 search progress and best layouts as a PNG
   tune models                                   the model registry
   tune estimate --model qwen2.5-7b --gpus 8 --layout tp4pp2    the cost model for one layout
 """
@@ -141,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--trial", type=int, default=None, help="or a trial number")
     exp.add_argument("--steps", type=int, default=3, help="trainer.total_training_steps")
     exp.add_argument("--recipes-dir", type=Path, default=Path("recipes"))
+
+    plot = sub.add_parser("plot", help="draw a leaderboard as a PNG (needs matplotlib)")
+    plot.add_argument("csv", type=Path, help="leaderboard CSV")
+    plot.add_argument(
+        "--out", type=Path, default=None, help="PNG path (default: beside the CSV, same name)"
+    )
 
     sub.add_parser("models", help="list the model registry")
 
@@ -352,6 +359,15 @@ def _presets() -> set[str]:
     return set(PRESETS)
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from tuner.plots import plot_leaderboard
+    from tuner.results import read_rows
+
+    out = args.out or args.csv.with_suffix(".png")
+    print(plot_leaderboard(read_rows(args.csv), out, title=args.csv.stem))
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from tuner.models import REGISTRY
 
@@ -422,6 +438,7 @@ COMMANDS = {
     "run": cmd_run,
     "show": cmd_show,
     "export": cmd_export,
+    "plot": cmd_plot,
     "models": cmd_models,
     "estimate": cmd_estimate,
     "calibrate": cmd_calibrate,

@@ -72,7 +72,8 @@ class ParallelLayout:
 
     @property
     def notation(self) -> str:
-        """The reference leaderboards' notation: `tp4pp2vpp2`, `tp2cp2`, `tp4ep16etp1`."""
+        """The reference leaderboards' notation: `tp4pp2vpp2`, `tp2cp2`, `tp4ep16` (etp 1 unless
+        written, as the references mean it)."""
         parts = [
             f"{n}{v}"
             for n, v in (
@@ -84,7 +85,7 @@ class ParallelLayout:
             )
             if v > 1
         ]
-        if self.ep > 1 and self.etp != self.tp:
+        if self.etp > 1:
             parts.append(f"etp{self.etp}")
         return "".join(parts) or f"dp{self.dp}"
 
