@@ -9,10 +9,25 @@ from tuner.errors import UserError
 
 ALGORITHMS = ("grpo", "dapo", "ppo")
 
-DEFAULT_RESPONSE_MEAN_FRACTION = 0.5
-"""Mean response length over the maximum when none is given. Math RL runs with an 8k cap
-produce responses of about half the cap on average early in training (the reference runs'
-generation time fits that); set --response-mean to your own measured mean."""
+DEFAULT_RESPONSE_MEAN_FRACTION = 0.15
+"""Mean response length over the maximum when --response-mean is not given.
+
+Tuning runs measure the first steps of training (the reference leaderboards report the 3rd step),
+when the policy is still close to its base model. Base and instruct models of the 7B-30B class
+answer competition-math prompts (DAPO-Math-17k, MATH, GSM8K) in roughly 1k-1.5k tokens at the
+start of DAPO/GRPO training; response length then grows slowly over hundreds to thousands of
+steps (the DAPO paper's length curve; verl's published DAPO and GRPO logs). With the usual 8k cap
+that is about 15% of the maximum; a few responses still run into the cap, which the generation
+model's long tail accounts for. This is a public-knowledge prior, not a fit to any reference row:
+set --response-mean to your own run's `response_length/mean` whenever you know it."""
+
+DEFAULT_PROMPT_MEAN_FRACTION = 0.1
+"""Mean prompt length over `max_prompt_length` when --prompt-mean is not given.
+
+verl left-pads prompts to the cap in its batch tensors, but vLLM sees the unpadded prompt and the
+Megatron actor packs sequences without padding (THD), so compute and KV cache scale with the real
+prompt. Math prompts with their chat template and instruction are 100-300 tokens (DAPO-Math-17k,
+GSM8K, MATH) against the usual 2k cap: about 10%."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -29,6 +44,8 @@ class Workload:
     """`data.max_response_length` in tokens."""
     response_mean: int = 0
     """Mean generated length in tokens; 0 means DEFAULT_RESPONSE_MEAN_FRACTION of the max."""
+    prompt_mean: int = 0
+    """Mean prompt length in tokens (unpadded); 0 means DEFAULT_PROMPT_MEAN_FRACTION of the max."""
     batch_size: int = 512
     """`data.train_batch_size`: prompts per step."""
     n: int = 16
@@ -46,6 +63,10 @@ class Workload:
             raise UserError(
                 f"--response-mean {self.response_mean} must lie in 0..--response-len "
                 f"({self.response_len})"
+            )
+        if self.prompt_mean < 0 or self.prompt_mean > self.prompt_len:
+            raise UserError(
+                f"--prompt-mean {self.prompt_mean} must lie in 0..--prompt-len ({self.prompt_len})"
             )
         if self.batch_size % self.mini_batch_size:
             raise UserError(
@@ -65,14 +86,20 @@ class Workload:
         return self.response_len * DEFAULT_RESPONSE_MEAN_FRACTION
 
     @property
+    def mean_prompt_len(self) -> float:
+        if self.prompt_mean:
+            return float(self.prompt_mean)
+        return max(1.0, self.prompt_len * DEFAULT_PROMPT_MEAN_FRACTION)
+
+    @property
     def num_samples(self) -> int:
         """Sequences trained on per step."""
         return self.batch_size * self.n
 
     @property
     def mean_seq_len(self) -> float:
-        """Mean tokens per sample (prompts are taken at full length, as the references pad)."""
-        return self.prompt_len + self.mean_response_len
+        """Mean tokens per sample, unpadded (verl packs sequences without their padding)."""
+        return self.mean_prompt_len + self.mean_response_len
 
     @property
     def tokens_per_step(self) -> float:

@@ -1,18 +1,33 @@
-"""The cost model: predicted memory and step time of a candidate, from first principles."""
+"""The cost model: predicted memory and step time of a candidate, from first principles.
+
+`estimate(candidate, model, cluster, workload, profile)` is the one entry point the study and
+the runners use. Model-, cluster- and workload-derived numbers are cached per (model, cluster,
+workload, profile) in `context.get_context`, so scoring many candidates is cheap.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.estimate.memory import MemoryBreakdown, memory
-from tuner.estimate.profile import Profile, load_profile
-from tuner.estimate.time import phase_times
+from tuner.estimate.context import get_context
+from tuner.estimate.memory import MemoryBreakdown, memory_of
+from tuner.estimate.profile import Profile, load_profile, save_profile
+from tuner.estimate.time import phase_times_of
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.space import Candidate
 from tuner.workload import Workload
 
-__all__ = ["Estimate", "MemoryBreakdown", "Profile", "estimate", "load_profile"]
+__all__ = [
+    "Estimate",
+    "MemoryBreakdown",
+    "Profile",
+    "estimate",
+    "load_profile",
+    "save_profile",
+]
+
+_DEFAULT_PROFILE = Profile()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -32,34 +47,61 @@ class Estimate:
     peak_phase: str
     fits: bool
     bottleneck: str
+    """The phase that takes longest: generation, log_prob, update_actor or critic."""
     memory: MemoryBreakdown
+    critic_s: float = 0.0
+    """PPO only: critic values plus critic update."""
+    offload_s: float = 0.0
+    """PCIe offload/onload time included in the phases."""
+    tokens_per_step: float = 0.0
+    """Tokens (prompt + response, unpadded) the step trains on, all GPUs."""
+    fit_reason: str = ""
+    """Why it does not fit (empty when it does)."""
 
     def as_dict(self) -> dict[str, object]:
         d = {k: getattr(self, k) for k in self.__slots__ if k != "memory"}  # type: ignore[attr-defined]
-        d["memory_gib"] = {k: getattr(self.memory, k) for k in self.memory.__slots__}  # type: ignore[attr-defined]
+        mem = self.memory
+        d["memory_gib"] = {k: getattr(mem, k) for k in mem.__slots__}  # type: ignore[attr-defined]
         return d
 
 
 def estimate(
     c: Candidate, m: ModelSpec, cl: Cluster, w: Workload, profile: Profile | None = None
 ) -> Estimate:
-    p = profile or Profile()
-    mem = memory(c, m, cl, w, p)
-    t = phase_times(c, m, cl, w, p)
+    """Predicted phase times, throughput, MFU and per-phase peak memory of candidate `c`."""
+    ctx = get_context(m, cl, w, profile or _DEFAULT_PROFILE)
+    t = phase_times_of(ctx, c)
+    mem = memory_of(ctx, c, t.n_micro_update)
     step = t.step_s
-    mfu = t.update_flops / (cl.num_gpus * cl.gpu.bf16_tflops * 1e12 * t.update_actor_s)
+    gpus = cl.num_gpus
+    peak = mem.peak_gib
+    capacity = cl.gpu.memory_gib
+    reason = ""
+    if peak > capacity:
+        reason = f"peak {peak:.1f} GiB in {mem.peak_phase} > {capacity:.1f} GiB"
+    elif step == float("inf"):
+        reason = (
+            f"vLLM has {max(0.0, mem.kv_cache_gib):.1f} GiB for KV cache, less than one "
+            f"{w.max_seq_len}-token sequence: raise gpu_memory_utilization or rollout TP"
+        )
+    finite = step < float("inf")
+    upd = t.update_actor_s
     return Estimate(
         step_s=step,
         generation_s=t.generation_s,
         old_log_prob_s=t.old_log_prob_s,
         ref_s=t.ref_s,
-        update_actor_s=t.update_actor_s,
+        update_actor_s=upd,
         reshard_s=t.reshard_s,
-        throughput_tokens_per_s_per_gpu=w.tokens_per_step / step / cl.num_gpus,
-        mfu=mfu,
-        peak_mem_gib=mem.peak_gib,
+        throughput_tokens_per_s_per_gpu=ctx.tokens_step / step / gpus if finite else 0.0,
+        mfu=t.update_flops / (gpus * ctx.peak * upd) if upd > 0 else 0.0,
+        peak_mem_gib=peak,
         peak_phase=mem.peak_phase,
-        fits=mem.peak_gib <= cl.gpu.memory_gib,
-        bottleneck=t.bottleneck,
+        fits=not reason,
+        bottleneck=t.bottleneck if finite else "memory",
         memory=mem,
+        critic_s=t.critic_s,
+        offload_s=t.offload_s,
+        tokens_per_step=ctx.tokens_step,
+        fit_reason=reason,
     )

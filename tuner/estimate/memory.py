@@ -1,17 +1,36 @@
-"""Peak memory per GPU in each phase of a colocated verl Megatron + vLLM step."""
+"""Peak memory per GPU in each phase of a colocated verl Megatron + vLLM step.
+
+The phases share one GPU: vLLM generates with `gpu_memory_utilization` of the memory while the
+actor's states that are not offloaded stay beside it; the log-prob passes hold the weights and one
+micro-batch's forward transients; the actor update holds weights, fp32 gradients, the distributed
+optimizer's shard and the activations of the micro-batches in flight.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from tuner.estimate.context import (
+    BF16,
+    FP32,
+    VLLM_MAX_NUM_SEQS,
+    VLLM_RUNTIME_GIB,
+    Context,
+    get_context,
+)
 from tuner.estimate.profile import Profile
 from tuner.hardware import GIB, Cluster
 from tuner.models import ModelSpec
-from tuner.space import Candidate
+from tuner.space import Candidate, ParallelLayout
 from tuner.workload import Workload
 
-BF16 = 2
-FP32 = 4
+OPTIMIZER_BYTES = 3 * FP32
+"""Adam in Megatron's distributed optimizer: fp32 master weights and two moments per parameter."""
+LOGIT_BYTES_UPDATE = BF16 + 2 * FP32
+"""Per logit without fused kernels in the update: bf16 logits, fp32 log-softmax and its grad."""
+LOGIT_BYTES_LOG_PROB = BF16 + FP32
+"""Per logit without fused kernels in a log-prob pass: bf16 logits and the fp32 log-softmax."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -19,15 +38,28 @@ class MemoryBreakdown:
     """GiB per GPU. `peak_gib` is the largest phase total."""
 
     weights_gib: float
+    """Actor bf16 weights on the heaviest pipeline stage."""
     grads_gib: float
+    """fp32 main gradients."""
     optimizer_gib: float
+    """Distributed-optimizer shard (fp32 master + Adam moments)."""
     activations_gib: float
+    """Activations kept for backward by the micro-batches in flight, recompute applied."""
     logits_gib: float
+    """Full-vocabulary logits of a micro-batch (0 with fused kernels)."""
     rollout_gib: float
+    """vLLM's share: gpu_memory_utilization of the GPU."""
     overhead_gib: float
+    """CUDA context, communicator buffers, framework state."""
     generation_peak_gib: float
     log_prob_peak_gib: float
     update_peak_gib: float
+    kv_cache_gib: float = 0.0
+    """What vLLM has left for KV cache per GPU after its weights and activations."""
+    dispatch_gib: float = 0.0
+    """MoE all-to-all buffers of one layer (transient)."""
+    reference_gib: float = 0.0
+    """Reference-model weights left on the GPU (GRPO/PPO without param offload)."""
 
     @property
     def peak_gib(self) -> float:
@@ -35,98 +67,219 @@ class MemoryBreakdown:
 
     @property
     def peak_phase(self) -> str:
-        peaks = {
-            "generation": self.generation_peak_gib,
-            "old_log_prob": self.log_prob_peak_gib,
-            "update_actor": self.update_peak_gib,
-        }
-        return max(peaks, key=lambda k: peaks[k])
+        g, lp, u = self.generation_peak_gib, self.log_prob_peak_gib, self.update_peak_gib
+        if g >= lp and g >= u:
+            return "generation"
+        return "old_log_prob" if lp >= u else "update_actor"
+
+
+# --------------------------------------------------------------------------------------------
+# Formulas (each a pure function of the model and the candidate; tests pin them)
+# --------------------------------------------------------------------------------------------
 
 
 def params_per_gpu(m: ModelSpec, c: Candidate) -> tuple[float, float]:
-    """(dense parameters, expert parameters) held by one GPU of the actor."""
-    lay = c.layout
-    expert = m.num_layers * m.expert_params_per_layer / (lay.pp * lay.ep * lay.etp)
-    dense = (m.num_params - m.num_layers * m.expert_params_per_layer) / (lay.tp * lay.pp)
+    """(dense parameters, expert parameters) on one GPU of the heaviest pipeline stage.
+
+    Dense weights (attention, dense MLP, router, norms, embedding) split over TP; with PP each
+    stage holds L/PP layers and the first/last stage one vocabulary table. Expert weights split
+    over PP, EP and expert-TP."""
+    return _params_local(get_context(m, _ANY_CLUSTER, _ANY_WORKLOAD, _DEFAULT), c.layout)
+
+
+def _params_local(ctx: Context, lay: ParallelLayout) -> tuple[float, float]:
+    expert_total = ctx.expert_params_total
+    dense_total = ctx.total_params - expert_total
+    if lay.pp == 1:
+        dense = dense_total / lay.tp
+    else:
+        tables = ctx.embed_params + ctx.head_params
+        dense = ((dense_total - tables) / lay.pp + ctx.embed_params) / lay.tp
+    expert = expert_total / (lay.pp * lay.ep * lay.etp)
     return dense, expert
 
 
 def activation_bytes_per_token_layer(m: ModelSpec, c: Candidate) -> float:
-    """Bytes one token keeps for the backward pass in one layer (flash attention: no s^2)."""
-    t = c.layout.tp
-    h = m.hidden_size
-    q = m.num_attention_heads * m.head_dim
-    kv = m.num_kv_heads * m.head_dim
-    sp_div = t if c.sequence_parallel else 1
-    # layer-norm inputs/outputs and residual-width tensors: 4 of width h
-    replicated = 4 * h * BF16 / sp_div
-    attn = (q + 2 * kv + q) * BF16 / t
-    if c.recompute_granularity == "selective":
-        attn = (q + 2 * kv) * BF16 / t
-    if m.is_moe:
-        f = m.moe_ffn_hidden_size
-        mlp = m.moe_topk * (h + 3 * f) * BF16 / c.layout.etp
+    """Bytes one token keeps for the backward pass in one layer, no recompute (flash attention:
+    no s^2 term; Korthikanti et al. 2022 adapted to GQA, SwiGLU and MoE)."""
+    ctx = get_context(m, _ANY_CLUSTER, _ANY_WORKLOAD, _DEFAULT)
+    return _act_per_token_layer(ctx, c.layout, c.sequence_parallel, c.recompute_granularity)
+
+
+def _act_per_token_layer(ctx: Context, lay: ParallelLayout, sp: bool, granularity: str) -> float:
+    t = lay.tp
+    sp_div = t if sp else 1
+    h, q, kv = ctx.hidden, ctx.q_dim, ctx.kv_dim
+    # norm inputs, QKV input, residual-width tensors (sequence-sharded under SP)
+    width = 4 * h * BF16 / sp_div
+    qkv = (q + 2 * kv) * BF16 / t
+    core_out = q * BF16 / t + ctx.heads * FP32 / t  # attention output and softmax stats
+    if granularity == "selective":
+        core_out = 0.0  # the attention core is recomputed from Q, K, V
+    if ctx.is_moe:
+        routed = ctx.topk * lay.etp / sp_div if sp else ctx.topk
+        f = ctx.moe_ffn / lay.etp
+        mlp = routed * (2 * h + 3 * f) * BF16 + 2 * ctx.experts * FP32 / sp_div
     else:
-        mlp = 3 * m.ffn_hidden_size * BF16 / t
-    return replicated + attn + mlp
+        mlp = 3 * ctx.ffn * BF16 / t
+    return width + qkv + core_out + mlp
 
 
 def micro_batch_tokens(c: Candidate, w: Workload, log_prob: bool = False) -> float:
-    """Tokens one GPU holds in one micro-batch."""
+    """Most tokens one GPU holds in one micro-batch (what memory must hold)."""
     if c.use_dynamic_bsz:
         budget = c.log_prob_max_token_len_per_gpu if log_prob else c.ppo_max_token_len_per_gpu
-        return float(budget)
+        return float(max(budget, math.ceil(w.max_seq_len / c.layout.cp)))
     mbs = c.log_prob_micro_batch_size_per_gpu if log_prob else c.ppo_micro_batch_size_per_gpu
     return mbs * w.max_seq_len / c.layout.cp
 
 
-def memory(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload, p: Profile) -> MemoryBreakdown:
+def _peak_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
+    """Tokens per GPU of the largest micro-batch a step is expected to see: the token budget
+    with dynamic batching; else the samples per micro-batch at the step's longest sample."""
+    if c.use_dynamic_bsz:
+        return micro_batch_tokens(c, ctx.workload, log_prob)
+    mbs = c.log_prob_micro_batch_size_per_gpu if log_prob else c.ppo_micro_batch_size_per_gpu
+    return mbs * ctx.longest_sample / c.layout.cp
+
+
+def in_flight_micro_batches(lay: ParallelLayout, n_micro: float) -> float:
+    """Micro-batches whose activations the first pipeline stage holds at once (1F1B: pp of them;
+    interleaved: (1 + (pp-1)/(pp*vpp)) times that; never more than there are)."""
+    if lay.pp == 1:
+        return 1.0
+    base = min(float(lay.pp), max(1.0, n_micro))
+    if lay.vpp > 1:
+        base *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
+    return base
+
+
+def kept_activation_bytes(
+    ctx: Context, c: Candidate, tokens: float, per_layer: float, layers_stage: float
+) -> float:
+    """Activations of one micro-batch on one stage, recompute applied."""
     lay = c.layout
-    dense, expert = params_per_gpu(m, c)
+    if c.recompute_granularity != "full":
+        return tokens * per_layer * layers_stage
+    layer_input = ctx.hidden * BF16 / (lay.tp if c.sequence_parallel else 1)
+    r = max(1, min(c.recompute_num_layers, int(layers_stage) or 1))
+    chunk_layers = layers_stage / (lay.vpp if lay.vpp > 1 else 1)
+    if c.recompute_method == "block":
+        recomputed = min(r, chunk_layers) * (lay.vpp if lay.vpp > 1 else 1)
+        stored = (layers_stage - recomputed) * per_layer + recomputed * layer_input
+        return tokens * (stored + per_layer)
+    chunks = math.ceil(chunk_layers / r) * (lay.vpp if lay.vpp > 1 else 1)
+    return tokens * (chunks * layer_input + r * per_layer)
+
+
+# --------------------------------------------------------------------------------------------
+# The phase peaks
+# --------------------------------------------------------------------------------------------
+
+
+def rollout_weight_bytes(ctx: Context, rollout_tp: int) -> float:
+    """vLLM's weights per GPU (TP-sharded; MoE experts too)."""
+    return ctx.total_params * BF16 / rollout_tp
+
+
+def rollout_activation_bytes(ctx: Context, rollout_tp: int, batched_tokens: int) -> float:
+    """vLLM's profiled activation peak: one scheduler step of `batched_tokens` tokens plus the
+    sampler's logits for max_num_seqs sequences."""
+    width = 4 * ctx.hidden + (
+        2 * ctx.topk * ctx.moe_ffn * 2 if ctx.is_moe else 2 * ctx.ffn * 2
+    ) / max(1, rollout_tp)
+    return batched_tokens * width * BF16 + VLLM_MAX_NUM_SEQS * ctx.vocab * FP32 / rollout_tp
+
+
+def kv_cache_bytes(ctx: Context, c: Candidate) -> float:
+    """Per GPU bytes vLLM can give to KV cache."""
+    mnbt = c.max_num_batched_tokens or ctx.max_seq
+    budget = c.gpu_memory_utilization * ctx.mem_bytes
+    used = (
+        rollout_weight_bytes(ctx, c.rollout_tp)
+        + rollout_activation_bytes(ctx, c.rollout_tp, mnbt)
+        + VLLM_RUNTIME_GIB * GIB
+    )
+    return budget - used
+
+
+def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> MemoryBreakdown:
+    """The per-phase peaks of candidate `c` (n_micro_update: micro-batches per mini-batch, for
+    how many are in flight under pipeline parallelism; 0 means 'at least pp')."""
+    lay = c.layout
+    p = ctx.profile
+    dense, expert = _params_local(ctx, lay)
     n_local = dense + expert
     weights = n_local * BF16
     grads = n_local * FP32
-    # distributed optimizer: fp32 master + two Adam moments, sharded over data parallel
-    optim = 3 * FP32 * (dense / (lay.dp * lay.cp) + expert / lay.expert_dp)
+    edp = lay.world // (lay.pp * lay.ep * lay.etp)
+    optim = OPTIMIZER_BYTES * (dense / (lay.dp * lay.cp) + expert / edp)
 
-    tokens = micro_batch_tokens(c, w)
-    layers_per_stage = m.num_layers / lay.pp
-    per_layer = activation_bytes_per_token_layer(m, c)
-    in_flight = min(lay.pp, 1 + (lay.pp - 1) * (1 + 1 / lay.vpp)) if lay.pp > 1 else 1
-    if c.recompute_granularity == "full":
-        kept = layers_per_stage * m.hidden_size * BF16 / (lay.tp if c.sequence_parallel else 1)
-        acts = tokens * (kept * in_flight + per_layer)
+    layers_stage = ctx.layers / lay.pp
+    per_layer = _act_per_token_layer(ctx, lay, c.sequence_parallel, c.recompute_granularity)
+    tokens = _peak_micro_tokens(ctx, c, log_prob=False)
+    in_flight = in_flight_micro_batches(lay, n_micro_update or lay.pp)
+    acts = kept_activation_bytes(ctx, c, tokens, per_layer, layers_stage) * in_flight
+    vocab_local = ctx.vocab / lay.tp
+    logits_upd = 0.0 if c.use_fused_kernels else tokens * vocab_local * LOGIT_BYTES_UPDATE
+    lp_tokens = _peak_micro_tokens(ctx, c, log_prob=True)
+    logits_lp = 0.0 if c.use_fused_kernels else lp_tokens * vocab_local * LOGIT_BYTES_LOG_PROB
+    sp_div = lay.tp if c.sequence_parallel else 1
+    # forward-only transients: the residual stream plus one layer's intermediates
+    lp_acts = lp_tokens * (2 * ctx.hidden * BF16 / sp_div + per_layer)
+    dispatch = 0.0
+    if ctx.is_moe:
+        routed = ctx.topk * (lay.etp / sp_div if c.sequence_parallel else 1)
+        dispatch = 2 * routed * ctx.hidden * BF16  # send and receive buffers, per token
+        dispatch_upd, dispatch_lp = tokens * dispatch, lp_tokens * dispatch
     else:
-        acts = tokens * per_layer * layers_per_stage * in_flight
-    vocab_local = m.vocab_size / lay.tp
-    logits_update = 0.0 if c.use_fused_kernels else tokens * vocab_local * (BF16 + 2 * FP32)
-    lp_tokens = micro_batch_tokens(c, w, log_prob=True)
-    logits_lp = lp_tokens * vocab_local * (BF16 + FP32) if not c.use_fused_kernels else 0.0
-    lp_acts = lp_tokens * 4 * m.hidden_size * BF16 / (lay.tp if c.sequence_parallel else 1)
+        dispatch_upd = dispatch_lp = 0.0
 
     frag = 1 + p.fragmentation
-    ctx = p.context_gib * GIB
+    ctx_b = p.context_gib * GIB
+    ref_w = weights if (ctx.uses_ref and not c.param_offload) else 0.0
     resident = (
-        (0 if c.param_offload else weights)
-        + (0 if c.grad_offload else grads)
-        + (0 if c.optimizer_offload else optim)
+        (0.0 if c.param_offload else weights)
+        + (0.0 if c.grad_offload else grads)
+        + (0.0 if c.optimizer_offload else optim)
     )
-    rollout = c.gpu_memory_utilization * cl.gpu.memory_gib * GIB
-    gen_peak = rollout + resident + ctx
-    lp_peak = (
-        weights + (resident - (0 if c.param_offload else weights)) + lp_acts + logits_lp
-    ) * frag + ctx
-    upd_peak = (weights + grads + optim + acts + logits_update) * frag + ctx
+    critic = resident if ctx.has_critic else 0.0  # the critic shares the actor's layout
+    rollout = c.gpu_memory_utilization * ctx.mem_bytes
+    gen_peak = rollout + resident + critic + ref_w + ctx_b
+    states_lp = (
+        weights + (0.0 if c.grad_offload else grads) + (0.0 if c.optimizer_offload else optim)
+    )
+    lp_peak = states_lp + critic + ref_w + (lp_acts + logits_lp + dispatch_lp) * frag + ctx_b
+    upd_peak = (
+        weights + grads + optim + critic + ref_w + (acts + logits_upd + dispatch_upd) * frag + ctx_b
+    )
+    kv = kv_cache_bytes(ctx, c)
     g = GIB
     return MemoryBreakdown(
         weights_gib=weights / g,
         grads_gib=grads / g,
         optimizer_gib=optim / g,
         activations_gib=acts / g,
-        logits_gib=max(logits_update, logits_lp) / g,
+        logits_gib=max(logits_upd, logits_lp) / g,
         rollout_gib=rollout / g,
-        overhead_gib=ctx / g,
+        overhead_gib=ctx_b / g,
         generation_peak_gib=gen_peak / g,
         log_prob_peak_gib=lp_peak / g,
         update_peak_gib=upd_peak / g,
+        kv_cache_gib=kv / g,
+        dispatch_gib=dispatch_upd / g,
+        reference_gib=ref_w / g,
     )
+
+
+def memory(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload, p: Profile) -> MemoryBreakdown:
+    """Per-phase peak memory of one GPU for candidate `c`."""
+    return memory_of(get_context(m, cl, w, p), c)
+
+
+# Model-only helpers need a context; these stand in for the parts a formula does not read.
+from tuner.hardware import GPUS  # noqa: E402
+
+_ANY_CLUSTER = Cluster(gpu=GPUS["h100"], num_gpus=8)
+_ANY_WORKLOAD = Workload()
+_DEFAULT = Profile()

@@ -1,7 +1,8 @@
 """Efficiency constants of the cost model, and the profile file `tune calibrate` writes.
 
-The defaults are first-principles guesses (fractions of datasheet peaks), not fits to any
-reference row; `tune calibrate` fits them to the user's own measured rows.
+The defaults are first-principles figures (fractions of datasheet peaks that well-known kernels
+reach, host overheads of the software stack), not fits to any reference row; `tune calibrate`
+fits the ones listed in CALIBRATED to the user's own measured rows.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from tuner.errors import UserError
 
-PROFILE_SCHEMA = 1
+PROFILE_SCHEMA = 2
 DEFAULT_PROFILE_PATH = Path("results") / "calibration.json"
 
 
@@ -22,29 +23,88 @@ DEFAULT_PROFILE_PATH = Path("results") / "calibration.json"
 class Profile:
     """Fractions of the datasheet peaks a real run reaches, and fixed overheads."""
 
-    train_mfu: float = 0.45
-    """Matmul efficiency of forward+backward at large micro-batches."""
-    forward_mfu: float = 0.40
-    """Matmul efficiency of the log-prob forward passes."""
-    hbm_efficiency: float = 0.70
-    """Fraction of memory bandwidth decode reaches."""
+    gemm_efficiency: float = 0.90
+    """Fraction of the dense bf16 peak GEMM kernels reach when not limited by memory traffic.
+    The model adds the GEMM's bytes at the HBM rate (a soft roofline), so a 4096^3 GEMM on an
+    H100 comes out near the ~720-780 TFLOP/s cuBLAS measures, and compute-poor GPUs (H20) run
+    their GEMMs closer to peak."""
+    attention_efficiency: float = 0.45
+    """Fraction of the bf16 peak flash attention reaches, forward and backward together, on
+    variable-length packed sequences of a few thousand tokens."""
+    grouped_gemm_efficiency: float = 0.55
+    """MoE expert GEMMs (grouped GEMM over the local experts) relative to dense GEMMs of the same
+    size: one launch for many small problems, tile waste per expert, unfused permutes."""
+    hbm_efficiency: float = 0.80
+    """Fraction of the memory bandwidth streaming kernels reach (decode, elementwise, optimizer)."""
     comm_efficiency: float = 0.70
-    """Fraction of link bandwidth collectives reach."""
-    decode_step_overhead_s: float = 0.004
-    """Host/scheduler time per decode step of one vLLM engine."""
-    context_gib: float = 2.5
-    """CUDA context, NCCL buffers and framework overhead per GPU."""
-    fragmentation: float = 0.08
-    """Allocator fragmentation, as a fraction of the tensors in use."""
+    """Fraction of NVLink / network bandwidth NCCL collectives reach (bus bandwidth)."""
+    pcie_efficiency: float = 0.40
+    """Fraction of the host link that offload copies reach (pageable, not pinned, memory)."""
+    collective_latency_s: float = 25e-6
+    """Fixed cost of one NCCL collective or all-to-all call (launch plus latency)."""
+    layer_host_s: float = 3.0e-3
+    """Host time of one dense transformer layer for one micro-batch, forward plus backward: the
+    Python of about ten Megatron/Transformer Engine module calls (~0.1-0.2 ms each with their
+    argument checks, FP8/SP bookkeeping and launches) in the forward, the autograd engine's
+    launches in the backward (HOST_FORWARD_SHARE of it is the forward). verl's micro-batch loop
+    synchronises with the GPU (packed-sequence metadata, loss), so it is not hidden."""
+    moe_layer_host_s: float = 5.0e-3
+    """The same for a MoE layer: router, permute, two all-to-alls, grouped MLP and unpermute,
+    with a device-to-host synchronisation for the all-to-all split sizes in every layer."""
+    decode_launch_s: float = 12e-6
+    """Host time per kernel in a vLLM decode step without CUDA graphs (verl's enforce_eager)."""
+    decode_step_overhead_s: float = 3e-3
+    """Fixed host time per vLLM decode step: scheduler, input preparation, sampler."""
+    decode_seq_overhead_s: float = 25e-6
+    """Host time per running sequence per decode step in vLLM's scheduler and output processing
+    (tens of microseconds per sequence in the V0 engine). It does not shrink with rollout TP."""
+    controller_gb_s: float = 1.0
+    """Rate at which verl's single controller ships a phase's padded batch to the workers and
+    collects the results (pickling, Ray object store, unpickling), GB/s."""
+    context_gib: float = 3.0
+    """CUDA context, NCCL communicator buffers and framework state per GPU, outside the tensors
+    the model counts."""
+    fragmentation: float = 0.10
+    """Caching-allocator slack on top of activations, logits and dispatch buffers, a fraction."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
             if not (v >= 0):
                 raise UserError(f"calibration constant {f.name} must be >= 0, got {v}")
+        for name in (
+            "gemm_efficiency",
+            "attention_efficiency",
+            "grouped_gemm_efficiency",
+            "hbm_efficiency",
+            "comm_efficiency",
+            "pcie_efficiency",
+        ):
+            if not 0 < getattr(self, name) <= 1:
+                raise UserError(
+                    f"calibration constant {name} must lie in (0, 1], got {getattr(self, name)}"
+                )
 
     def with_values(self, **kw: float) -> Profile:
         return replace(self, **kw)
+
+
+CALIBRATED: dict[str, tuple[float, float]] = {
+    "gemm_efficiency": (0.3, 1.0),
+    "attention_efficiency": (0.15, 0.9),
+    "grouped_gemm_efficiency": (0.15, 1.0),
+    "hbm_efficiency": (0.3, 1.0),
+    "comm_efficiency": (0.2, 1.0),
+    "pcie_efficiency": (0.05, 1.0),
+    "layer_host_s": (1e-4, 1e-2),
+    "moe_layer_host_s": (3e-4, 3e-2),
+    "decode_launch_s": (2e-6, 6e-5),
+    "decode_step_overhead_s": (2e-4, 2e-2),
+    "decode_seq_overhead_s": (2e-6, 2e-4),
+    "controller_gb_s": (0.05, 20.0),
+}
+"""Constants `tune calibrate` may fit, with their bounds (memory constants are not fitted: a
+measured peak is a lower bound of what a run needs, not its need)."""
 
 
 def load_profile(path: Path | None = None) -> Profile:
@@ -67,11 +127,18 @@ def load_profile(path: Path | None = None) -> Profile:
 
 
 def save_profile(profile: Profile, path: Path | None = None, **meta: object) -> Path:
+    """Write the profile atomically (temporary file + rename) with its schema version."""
     p = path or DEFAULT_PROFILE_PATH
     p.parent.mkdir(parents=True, exist_ok=True)
     payload = {"schema": PROFILE_SCHEMA, "constants": asdict(profile), **meta}
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, p)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return p

@@ -1,0 +1,234 @@
+"""Numbers derived once per (model, cluster, workload, profile), shared by every candidate.
+
+The estimator scores thousands of candidates of one study; everything that does not depend on
+the candidate is computed here once and cached, so the per-candidate work is a few dozen float
+operations (see scripts/bench_estimator.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tuner.estimate.profile import Profile
+from tuner.hardware import GIB, Cluster
+from tuner.models import ModelSpec
+from tuner.workload import Workload
+
+BF16 = 2
+"""Bytes of a bf16 value."""
+FP32 = 4
+"""Bytes of an fp32 value."""
+
+VLLM_MAX_NUM_SEQS = 1024
+"""verl's default `rollout.max_num_seqs`: the most sequences one vLLM engine runs at once."""
+DECODE_KERNELS_DENSE_LAYER = 14
+"""Kernels one dense decoder layer launches per vLLM decode step (norm, QKV, rope, cache write,
+attention, output projection, add+norm, gate/up, activation, down, ...)."""
+DECODE_KERNELS_MOE_EXTRA = 30
+"""Extra host cost of a MoE layer per decode step, in kernel launches: router GEMM, top-k
+softmax, block alignment and the buffers it allocates, activation, weighted sum, and two Triton
+fused-MoE launches that go through Python (config lookup, grid set-up: several launches' worth
+each)."""
+VLLM_RUNTIME_GIB = 0.5
+"""vLLM's own buffers beside weights, activations and KV cache (sampler, block tables)."""
+EULER_GAMMA = 0.5772156649
+"""Expected max of n unit exponentials is ln(n) + gamma: the longest response of a batch."""
+PERMUTE_PASSES = 12
+"""Memory passes over the routed tokens per MoE layer, forward and backward together: permute
+and unpermute read and write each copy, and the backward does the same twice."""
+
+
+def solve_theta(mean: float, cap: float) -> float:
+    """Scale θ of an exponential capped at `cap` whose mean is `mean`: mean = θ(1 - e^(-cap/θ)).
+
+    Response lengths of RL rollouts are modelled as exponential with a spike at the cap (the
+    truncated responses); the mean fixes θ. Fixed-point iteration, monotone and fast."""
+    if mean <= 0:
+        return 1.0
+    if mean >= cap * 0.999:
+        return cap * 1e3
+    theta = mean
+    for _ in range(200):
+        nxt = mean / (1.0 - math.exp(-cap / theta))
+        if abs(nxt - theta) < 1e-9 * theta:
+            return nxt
+        theta = nxt
+    return theta
+
+
+@dataclass(slots=True)
+class Context:
+    """Model, cluster, workload and profile numbers one study uses for every candidate."""
+
+    model: ModelSpec
+    cluster: Cluster
+    workload: Workload
+    profile: Profile
+    # --- model
+    layers: int = 0
+    hidden: int = 0
+    q_dim: int = 0
+    kv_dim: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    ffn: int = 0
+    vocab: int = 0
+    experts: int = 0
+    topk: int = 0
+    moe_ffn: int = 0
+    is_moe: bool = False
+    attn_linear_params: float = 0.0
+    """QKV and output projection weights of one layer."""
+    dense_mlp_params: float = 0.0
+    """Dense MLP weights of one layer (0 for MoE layers)."""
+    router_params: float = 0.0
+    expert_params_layer: float = 0.0
+    """All routed experts of one layer."""
+    one_expert_params: float = 0.0
+    embed_params: float = 0.0
+    """Input embedding rows (one table)."""
+    head_params: float = 0.0
+    """Output layer (0 when tied to the embedding)."""
+    total_params: float = 0.0
+    expert_params_total: float = 0.0
+    active_params: float = 0.0
+    """Matmul weights one token touches (embedding lookup excluded), for FLOPs."""
+    layer_active_linear: float = 0.0
+    """Matmul weights of one layer one token touches."""
+    # --- workload
+    prompt_mean: float = 0.0
+    response_mean: float = 0.0
+    response_max: int = 0
+    theta: float = 0.0
+    """Scale of the capped-exponential response lengths."""
+    seq_mean: float = 0.0
+    seq_sd: float = 0.0
+    seq_eff: float = 0.0
+    """Token-weighted mean sequence length E[s^2]/E[s]: what attention cost per token sees."""
+    max_seq: int = 0
+    samples: int = 0
+    longest_sample: float = 0.0
+    """Expected longest sample of a step (prompt + longest response), tokens."""
+    tokens_step: float = 0.0
+    batch_bytes_log_prob: float = 0.0
+    """Padded batch the controller ships to a log-prob pass and collects back, bytes."""
+    batch_bytes_update: float = 0.0
+    batch_bytes_generation: float = 0.0
+    minis: int = 0
+    uses_ref: bool = False
+    has_critic: bool = False
+    # --- hardware
+    peak: float = 0.0
+    """bf16 FLOP/s."""
+    hbm: float = 0.0
+    """Bytes/s streaming kernels reach."""
+    nvlink: float = 0.0
+    """Bytes/s collectives reach inside a node."""
+    internode: float = 0.0
+    """Bytes/s collectives reach across nodes, per GPU."""
+    pcie: float = 0.0
+    """Bytes/s offload copies reach."""
+    mem_bytes: float = 0.0
+    local_gpus: int = 0
+    # --- caches filled lazily, one entry per distinct key
+    layout_cache: dict[tuple[int, ...], object] = field(default_factory=dict)
+    generation_cache: dict[tuple[int, float, int], object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        m, cl, w, p = self.model, self.cluster, self.workload, self.profile
+        self.layers, self.hidden = m.num_layers, m.hidden_size
+        self.heads, self.kv_heads, self.head_dim = m.num_attention_heads, m.num_kv_heads, m.head_dim
+        self.q_dim = m.num_attention_heads * m.head_dim
+        self.kv_dim = m.num_kv_heads * m.head_dim
+        self.ffn, self.vocab = m.ffn_hidden_size, m.vocab_size
+        self.experts, self.topk, self.moe_ffn = m.num_experts, m.moe_topk, m.moe_ffn_hidden_size
+        self.is_moe = m.is_moe
+        h = self.hidden
+        self.attn_linear_params = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
+        self.dense_mlp_params = 0.0 if m.is_moe else float(m.dense_mlp_params_per_layer)
+        self.router_params = float(h * m.num_experts) if m.is_moe else 0.0
+        self.expert_params_layer = float(m.expert_params_per_layer)
+        self.one_expert_params = 3.0 * h * m.moe_ffn_hidden_size
+        self.embed_params = float(m.vocab_size * h)
+        self.head_params = 0.0 if m.tie_word_embeddings else float(m.vocab_size * h)
+        self.total_params = float(m.num_params)
+        self.expert_params_total = self.layers * self.expert_params_layer
+        active_mlp = (
+            m.moe_topk * self.one_expert_params + self.router_params
+            if m.is_moe
+            else self.dense_mlp_params
+        )
+        self.layer_active_linear = self.attn_linear_params + active_mlp
+        self.active_params = self.layers * self.layer_active_linear + self.embed_params
+
+        self.prompt_mean = w.mean_prompt_len
+        self.response_mean = w.mean_response_len
+        self.response_max = w.response_len
+        self.theta = solve_theta(self.response_mean, self.response_max)
+        x = self.response_max / self.theta
+        e_r2 = 2 * self.theta**2 * (1 - math.exp(-x) * (1 + x))
+        pm, rm = self.prompt_mean, self.response_mean
+        self.seq_mean = pm + rm
+        e_s2 = pm * pm + 2 * pm * rm + e_r2
+        self.seq_sd = math.sqrt(max(0.0, e_s2 - self.seq_mean**2))
+        self.seq_eff = e_s2 / self.seq_mean
+        self.max_seq = w.max_seq_len
+        self.samples = w.num_samples
+        longest_response = min(
+            float(self.response_max),
+            self.theta * (math.log(max(2, self.samples)) + EULER_GAMMA),
+        )
+        self.longest_sample = pm + longest_response
+        self.tokens_step = self.samples * self.seq_mean
+        # verl keeps the batch padded to (max prompt, max response): int64 ids, mask, positions
+        # over the whole sequence, prompts, responses and the response mask; fp32 per-token
+        # tensors (scores, log-probs, advantages) over the response.
+        b, lp, lr = self.samples, w.prompt_len, w.response_len
+        ids = 8.0 * b * (3 * (lp + lr) + lp + 2 * lr)
+        per_token = 4.0 * b * lr
+        self.batch_bytes_generation = ids
+        self.batch_bytes_log_prob = ids + per_token + 2 * per_token
+        self.batch_bytes_update = ids + 4 * per_token
+        self.minis = w.mini_batches_per_step
+        self.uses_ref = w.algorithm in ("grpo", "ppo")
+        self.has_critic = w.algorithm == "ppo"
+
+        g = cl.gpu
+        self.peak = g.bf16_tflops * 1e12
+        self.hbm = g.hbm_tb_s * 1e12 * p.hbm_efficiency
+        self.nvlink = g.nvlink_gb_s * 1e9 * p.comm_efficiency
+        self.internode = g.internode_gb_s * 1e9 * p.comm_efficiency
+        self.pcie = g.pcie_gb_s * 1e9 * p.pcie_efficiency
+        self.mem_bytes = g.memory_gib * GIB
+        self.local_gpus = cl.local_gpus
+
+    def forward_flops_per_token(self) -> float:
+        """Model forward FLOPs of one token, attention over its sequence included (causal)."""
+        attn = 2.0 * self.layers * self.q_dim * self.seq_eff
+        return 2.0 * (self.layers * self.layer_active_linear + self.head_or_embed()) + attn
+
+    def head_or_embed(self) -> float:
+        """Output-layer weights (the embedding table when tied)."""
+        return self.head_params or self.embed_params
+
+
+_CACHE: dict[tuple[object, ...], Context] = {}
+_LAST: list[object] = [None, None, None, None, None]
+_CACHE_LIMIT = 64
+
+
+def get_context(m: ModelSpec, cl: Cluster, w: Workload, p: Profile) -> Context:
+    """The cached Context of these four; identity check first, so a study's loop pays nothing."""
+    last = _LAST
+    if last[0] is m and last[1] is cl and last[2] is w and last[3] is p:
+        return last[4]  # type: ignore[return-value]
+    key = (m, cl, w, p)
+    ctx = _CACHE.get(key)
+    if ctx is None:
+        if len(_CACHE) >= _CACHE_LIMIT:
+            _CACHE.clear()
+        ctx = _CACHE[key] = Context(model=m, cluster=cl, workload=w, profile=p)
+    last[:] = [m, cl, w, p, ctx]
+    return ctx
