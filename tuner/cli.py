@@ -50,7 +50,14 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--algorithm", choices=("grpo", "dapo", "ppo"))
     g.add_argument("--prompt-len", type=int, help="max prompt tokens")
     g.add_argument("--response-len", type=int, help="max response tokens")
-    g.add_argument("--response-mean", type=int, help="mean response tokens (default: half the max)")
+    g.add_argument(
+        "--response-mean",
+        type=int,
+        help="mean response tokens (default: 15%% of the max, early-training math runs)",
+    )
+    g.add_argument(
+        "--prompt-mean", type=int, help="mean prompt tokens, unpadded (default: 10%% of the max)"
+    )
     g.add_argument("--batch", type=int, help="prompts per step (data.train_batch_size)")
     g.add_argument("--n", type=int, help="responses per prompt (rollout.n)")
     g.add_argument("--mini-batch", type=int, help="PPO mini batch in prompts")
@@ -173,8 +180,51 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--no-fused-kernels", action="store_true")
     est.add_argument("--no-sequence-parallel", action="store_true")
     est.add_argument("--gpu-memory-utilization", type=float, default=0.6)
-    est.add_argument("--profile", type=Path, default=None)
+    est.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="fixed micro-batch size per GPU instead of dynamic token budgets",
+    )
+    est.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="vLLM tokens per scheduler step (default prompt + response)",
+    )
+    est.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="calibration profile (default results/calibration.json if present)",
+    )
     est.add_argument("--json", action="store_true", help="one JSON object")
+
+    cal = sub.add_parser(
+        "calibrate",
+        help="fit the cost model's efficiency constants to your measured rows",
+        description="Fit the cost model's efficiency constants (GEMM, attention, memory and "
+        "network efficiencies, host overheads) to the measured rows of leaderboards (rows "
+        "whose source is a real runner, not the estimator), by least squares on log errors, "
+        "and store them as the profile `tune` uses by default.",
+    )
+    cal.add_argument("csv", type=Path, nargs="+", help="leaderboard CSV(s) with measured rows")
+    cal.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="profile to write (default results/calibration.json)",
+    )
+    cal.add_argument(
+        "--start",
+        type=Path,
+        default=None,
+        help="profile to start from (default: the built-in constants)",
+    )
+    cal.add_argument("--gpu", default=None, help="only rows of this GPU kind (e.g. h100)")
+    cal.add_argument(
+        "--dry-run", action="store_true", help="print the fit, do not write the profile"
+    )
     return parser
 
 
@@ -209,6 +259,7 @@ def _cluster_model_workload(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         prompt_len=args.prompt_len,
         response_len=args.response_len,
         response_mean=args.response_mean,
+        prompt_mean=args.prompt_mean,
         batch_size=args.batch,
         n=args.n,
         mini_batch_size=args.mini_batch,
@@ -392,6 +443,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     model, cluster, workload = _cluster_model_workload(args)
     lay = ParallelLayout.parse(args.layout, cluster.num_gpus)
     seq = workload.max_seq_len
+    fixed = args.micro_batch is not None
     c = Candidate(
         layout=lay,
         sequence_parallel=lay.tp > 1 and not args.no_sequence_parallel,
@@ -400,12 +452,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         grad_offload=args.offload,
         optimizer_offload=args.offload,
         use_fused_kernels=not args.no_fused_kernels,
-        use_dynamic_bsz=True,
+        use_dynamic_bsz=not fixed,
         ppo_max_token_len_per_gpu=args.max_token_len or 2 * seq,
         log_prob_max_token_len_per_gpu=args.logprob_max_token_len or 3 * seq,
+        ppo_micro_batch_size_per_gpu=args.micro_batch or 1,
+        log_prob_micro_batch_size_per_gpu=args.micro_batch or 1,
         rollout_tp=args.rollout_tp,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_batched_tokens=seq,
+        max_num_batched_tokens=args.max_num_batched_tokens or seq,
     )
     problems = validate(c, model, cluster, workload)
     if problems:
@@ -414,24 +468,103 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(e.as_dict(), default=float))
         return 0
+    mem = e.memory
     print(
-        f"{model.name} on {cluster.num_gpus}x {cluster.gpu.name}, actor {lay.notation}, "
-        f"rollout tp{args.rollout_tp} (source=estimate)"
+        f"{model.name} on {cluster.num_gpus}x {cluster.gpu.name}, actor {lay.notation} (dp"
+        f"{lay.dp}), rollout tp{args.rollout_tp}, {workload.algorithm} "
+        f"{workload.batch_size}x{workload.n}, mean sample {workload.mean_seq_len:.0f} tokens "
+        "(source=estimate)"
     )
-    for k in ("generation_s", "old_log_prob_s", "ref_s", "update_actor_s", "reshard_s", "step_s"):
-        print(f"  {k:16} {getattr(e, k):9.1f} s")
+    print("time per step")
+    for label, v in (
+        ("generation", e.generation_s),
+        ("old log-prob", e.old_log_prob_s),
+        ("ref log-prob", e.ref_s),
+        ("update actor", e.update_actor_s),
+        ("critic", e.critic_s),
+        ("reshard", e.reshard_s),
+        ("step", e.step_s),
+    ):
+        if label == "critic" and not v:
+            continue
+        print(f"  {label:16} {v:9.1f} s")
+    print(f"  {'of which offload':16} {e.offload_s:9.1f} s (PCIe)")
     print(f"  {'throughput':16} {e.throughput_tokens_per_s_per_gpu:9.0f} tokens/s/GPU")
-    print(f"  {'mfu':16} {e.mfu * 100:9.1f} %")
+    print(f"  {'mfu':16} {e.mfu * 100:9.1f} % (actor update)")
+    print(f"  {'bottleneck':16} {e.bottleneck:>9}")
+    print("memory per GPU (GiB)")
+    for label, v in (
+        ("weights", mem.weights_gib),
+        ("gradients", mem.grads_gib),
+        ("optimizer", mem.optimizer_gib),
+        ("activations", mem.activations_gib),
+        ("logits", mem.logits_gib),
+        ("moe dispatch", mem.dispatch_gib),
+        ("reference", mem.reference_gib),
+        ("vLLM share", mem.rollout_gib),
+        ("vLLM KV cache", mem.kv_cache_gib),
+        ("context etc.", mem.overhead_gib),
+    ):
+        if v:
+            print(f"  {label:16} {v:9.1f}")
+    for label, v in (
+        ("generation peak", mem.generation_peak_gib),
+        ("log-prob peak", mem.log_prob_peak_gib),
+        ("update peak", mem.update_peak_gib),
+    ):
+        print(f"  {label:16} {v:9.1f}")
+    verdict = "fits" if e.fits else f"does NOT fit: {e.fit_reason}"
     print(
-        f"  {'peak memory':16} {e.peak_mem_gib:9.1f} GiB in {e.peak_phase} "
-        f"({'fits' if e.fits else 'does NOT fit'} {cluster.gpu.memory_gib:.0f} GiB)"
+        f"  peak {e.peak_mem_gib:.1f} GiB in {e.peak_phase} of {cluster.gpu.memory_gib:.1f} GiB: "
+        f"{verdict}"
     )
-    print(f"  bottleneck: {e.bottleneck}")
     return 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    raise UserError("tune calibrate is not built yet")
+    from tuner.estimate import load_profile, save_profile
+    from tuner.estimate.calibrate import calibrate, observations_from_rows
+    from tuner.estimate.profile import DEFAULT_PROFILE_PATH, Profile
+    from tuner.results import read_rows
+
+    rows = [r for path in args.csv for r in read_rows(path)]
+    if args.gpu:
+        rows = [r for r in rows if (r.get("gpu") or "").lower() == args.gpu.lower()]
+    obs = observations_from_rows(rows)
+    start = load_profile(args.start) if args.start else Profile()
+    res = calibrate(obs, start)
+    kinds = sorted({o.case.cluster.gpu.name for o in obs})
+    sources = sorted({r.get("source", "") for r in rows if r.get("status") == "ok"} - {"estimate"})
+    print(
+        f"calibrating on {res.rows} measured rows ({res.observations} phase times; GPU "
+        f"{', '.join(kinds)}; sources {', '.join(sources)})"
+    )
+    phases = sorted(set(res.error_before) | set(res.error_after))
+    for label, err, rms in (
+        ("before", res.error_before, res.rms_log_before),
+        ("after", res.error_after, res.rms_log_after),
+    ):
+        parts = ", ".join(f"{ph} {err.get(ph, float('nan')) * 100:.1f}%" for ph in phases)
+        print(f"  {label:6} median abs error: {parts}; rms log error {rms:.3f}")
+    for name, (old, new) in res.changes().items():
+        print(f"  {name:24} {old:.4g} -> {new:.4g}")
+    if not res.changes():
+        print("  no constant changed")
+    if args.dry_run:
+        return 0
+    path = save_profile(
+        res.profile,
+        args.out or DEFAULT_PROFILE_PATH,
+        rows=res.rows,
+        observations=res.observations,
+        gpus=kinds,
+        sources=[str(p) for p in args.csv],
+        fitted=list(res.fitted),
+        error_before=res.error_before,
+        error_after=res.error_after,
+    )
+    print(f"profile written to {path} (tune uses it by default when run from this folder)")
+    return 0
 
 
 COMMANDS = {

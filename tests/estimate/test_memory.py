@@ -1,0 +1,201 @@
+"""Memory formulas pinned against hand-computed cases, and the fits/OOM behaviour."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tuner.estimate import Profile, estimate
+from tuner.estimate.memory import (
+    activation_bytes_per_token_layer,
+    in_flight_micro_batches,
+    memory,
+    params_per_gpu,
+)
+from tuner.hardware import GIB, GPUS, Cluster
+from tuner.models import get_model
+from tuner.space import Candidate, ParallelLayout
+from tuner.workload import get_workload
+
+QWEN7B = get_model("qwen2.5-7b")
+MOE30B = get_model("qwen3-30b-moe")
+H100x8 = Cluster(gpu=GPUS["h100"], num_gpus=8)
+H100x32 = Cluster(gpu=GPUS["h100"], num_gpus=32)
+GRPO = get_workload("grpo-math")
+DAPO = get_workload("dapo-math")
+P = Profile()
+
+
+def cand(layout: str, world: int = 8, **kw: object) -> Candidate:
+    lay = ParallelLayout.parse(layout, world)
+    base: dict[str, object] = {
+        "layout": lay,
+        "sequence_parallel": lay.tp > 1,
+        "use_dynamic_bsz": True,
+        "ppo_max_token_len_per_gpu": 10240,
+        "log_prob_max_token_len_per_gpu": 30720,
+        "rollout_tp": 1,
+        "gpu_memory_utilization": 0.6,
+        "max_num_batched_tokens": 10240,
+    }
+    base.update(kw)
+    return Candidate(**base)  # type: ignore[arg-type]
+
+
+def test_7b_weights_bf16_tp4_are_params_times_2_over_4() -> None:
+    mem = memory(cand("tp4"), QWEN7B, H100x8, DAPO, P)
+    assert mem.weights_gib * GIB == pytest.approx(QWEN7B.num_params * 2 / 4, rel=1e-12)
+    assert mem.weights_gib * GIB == pytest.approx(7.6e9 * 2 / 4, rel=0.01)
+    assert mem.grads_gib == pytest.approx(2 * mem.weights_gib)  # fp32 main grads
+
+
+def test_distributed_optimizer_shards_over_dp_and_cp() -> None:
+    # tp2 on 8 GPUs: dp 4; tp2cp2: dp 2, cp 2 -> the same 4-way shard of 12 bytes/param
+    for layout in ("tp2", "tp2cp2"):
+        mem = memory(cand(layout), QWEN7B, H100x8, DAPO, P)
+        assert mem.optimizer_gib * GIB == pytest.approx(QWEN7B.num_params / 2 * 12 / 4)
+
+
+def test_pipeline_stage_holds_its_layers_and_one_vocabulary_table() -> None:
+    dense, expert = params_per_gpu(QWEN7B, cand("tp4pp2"))
+    vh = QWEN7B.vocab_size * QWEN7B.hidden_size
+    body = QWEN7B.num_params - 2 * vh
+    assert expert == 0
+    assert dense == pytest.approx((body / 2 + vh) / 4)
+
+
+def test_activation_bytes_per_token_layer_by_hand() -> None:
+    h, q, kv, f, heads = 3584, 3584, 512, 18944, 28
+    # no TP: norm inputs and residual-width tensors (4h), Q/K/V, attention output and softmax
+    # statistics, and the SwiGLU MLP's gate, up and activation outputs -- all bf16
+    hand = 4 * h * 2 + (q + 2 * kv) * 2 + q * 2 + heads * 4 + 3 * f * 2
+    assert activation_bytes_per_token_layer(QWEN7B, cand("dp8")) == hand
+    # TP4 with sequence parallel divides all of it by 4
+    assert activation_bytes_per_token_layer(QWEN7B, cand("tp4")) == pytest.approx(hand / 4)
+    # selective recompute drops the attention core's output
+    sel = activation_bytes_per_token_layer(QWEN7B, cand("dp8", recompute_granularity="selective"))
+    assert sel == hand - q * 2 - heads * 4
+
+
+def test_more_tp_means_fewer_weight_bytes_per_gpu() -> None:
+    w = [memory(cand(f"tp{t}"), QWEN7B, H100x8, DAPO, P).weights_gib for t in (1, 2, 4)]
+    assert w[0] > w[1] > w[2]
+
+
+def test_recompute_lowers_activations() -> None:
+    acts = {
+        g: memory(cand("tp4", recompute_granularity=g), QWEN7B, H100x8, DAPO, P).activations_gib
+        for g in ("none", "selective", "full")
+    }
+    assert acts["full"] < acts["selective"] < acts["none"]
+    # full recompute keeps one layer's input per layer plus one layer being recomputed
+    assert acts["full"] < acts["none"] / 10
+
+
+def test_fused_kernels_drop_the_logits() -> None:
+    fused = memory(cand("tp4"), QWEN7B, H100x8, DAPO, P)
+    plain = memory(
+        cand("tp4", use_fused_kernels=False, log_prob_max_token_len_per_gpu=10240),
+        QWEN7B,
+        H100x8,
+        DAPO,
+        P,
+    )
+    assert fused.logits_gib == 0
+    # 10240 tokens x vocab/4 x (bf16 logits + fp32 log-softmax + fp32 grad)
+    assert plain.logits_gib * GIB == pytest.approx(10240 * 152064 / 4 * 10)
+    assert plain.update_peak_gib > fused.update_peak_gib
+
+
+def test_interleaving_keeps_more_micro_batches_in_flight() -> None:
+    assert in_flight_micro_batches(ParallelLayout(world=8, tp=4, pp=2), 16) == 2
+    vpp = in_flight_micro_batches(ParallelLayout(world=8, tp=4, pp=2, vpp=2), 16)
+    assert vpp == pytest.approx(2 * (1 + 1 / 4))
+    assert in_flight_micro_batches(ParallelLayout(world=8, tp=1, pp=8), 3) == 3
+
+
+def test_generation_peak_is_vllm_share_plus_what_is_not_offloaded() -> None:
+    off = memory(
+        cand("tp4", param_offload=True, grad_offload=True, optimizer_offload=True),
+        QWEN7B,
+        H100x8,
+        GRPO,
+        P,
+    )
+    assert off.generation_peak_gib == pytest.approx(0.6 * 79.6 + P.context_gib)
+    keep = memory(cand("tp4"), QWEN7B, H100x8, GRPO, P)
+    resident = keep.weights_gib + keep.grads_gib + keep.optimizer_gib + keep.reference_gib
+    assert keep.generation_peak_gib == pytest.approx(0.6 * 79.6 + resident + P.context_gib)
+    assert keep.reference_gib == pytest.approx(keep.weights_gib)  # GRPO's reference model
+    assert memory(cand("tp4"), QWEN7B, H100x8, DAPO, P).reference_gib == 0  # DAPO has none
+
+
+@pytest.mark.parametrize(
+    ("layout", "offload", "util", "fits"),
+    [
+        ("tp2", False, 0.6, False),  # grpo row 10: OOM
+        ("tp2cp2", False, 0.5, False),  # grpo row 5: OOM
+        ("tp2cp2", False, 0.8, False),  # grpo row 4: OOM
+        ("tp2", True, 0.6, True),  # grpo row 14 ran
+        ("tp4", False, 0.6, True),  # grpo row 2 ran
+        ("tp4cp2", False, 0.6, True),  # grpo row 3 ran
+    ],
+)
+def test_grpo_oom_rows(layout: str, offload: bool, util: float, fits: bool) -> None:
+    c = cand(
+        layout,
+        param_offload=offload,
+        grad_offload=offload,
+        optimizer_offload=offload,
+        gpu_memory_utilization=util,
+    )
+    e = estimate(c, QWEN7B, H100x8, GRPO)
+    assert e.fits is fits
+    if not fits:
+        assert e.peak_phase == "generation"
+        assert "generation" in e.fit_reason
+
+
+def test_a_bigger_gpu_fits_what_a_smaller_one_does_not() -> None:
+    c = cand("tp2", gpu_memory_utilization=0.6)
+    assert not estimate(c, QWEN7B, H100x8, GRPO).fits
+    h200 = Cluster(gpu=GPUS["h200"], num_gpus=8)
+    assert estimate(c, QWEN7B, h200, GRPO).fits
+
+
+def test_expert_parallel_splits_the_experts_and_no_ep_does_not_fit() -> None:
+    ep8 = memory(cand("ep8", 32), MOE30B, H100x32, DAPO, P)
+    ep1 = memory(cand("dp32", 32), MOE30B, H100x32, DAPO, P)
+    assert ep1.weights_gib > 5 * ep8.weights_gib
+    assert ep8.dispatch_gib > 0
+    off = {"param_offload": True, "grad_offload": True, "optimizer_offload": True}
+    off["rollout_tp"] = 4
+    assert not estimate(cand("dp32", 32, **off), MOE30B, H100x32, DAPO).fits
+    assert estimate(
+        cand("ep8", 32, recompute_granularity="full", **off), MOE30B, H100x32, DAPO
+    ).fits
+
+
+def test_vllm_without_room_for_one_sequence_does_not_fit() -> None:
+    c = cand(
+        "ep8",
+        32,
+        rollout_tp=1,
+        gpu_memory_utilization=0.4,
+        param_offload=True,
+        grad_offload=True,
+        optimizer_offload=True,
+        recompute_granularity="full",
+    )
+    e = estimate(c, MOE30B, H100x32, DAPO)  # 61 GB of weights in 32 GB of vLLM share
+    assert not e.fits
+    assert "KV cache" in e.fit_reason
+    assert e.throughput_tokens_per_s_per_gpu == 0
+
+
+def test_memory_does_not_depend_on_time_constants() -> None:
+    slow = dataclasses.replace(P, gemm_efficiency=0.3, layer_host_s=1e-2)
+    a = memory(cand("tp4"), QWEN7B, H100x8, DAPO, P)
+    b = memory(cand("tp4"), QWEN7B, H100x8, DAPO, slow)
+    assert a.update_peak_gib == b.update_peak_gib
