@@ -1,6 +1,6 @@
 #!/bin/bash
 # Runs the megatron worker on a few layouts and prints one line per run, then a summary table.
-#   bash scripts/gpu_worker_smoke.sh 1gpu|4gpu [OUT_DIR]
+#   bash scripts/gpu_worker_smoke.sh 1gpu|4gpu [OUT_DIR]      (SMOKE_CASES="a b" runs only those)
 # Needs megatron-core importable (source scripts/gpu_setup.sh first). Writes OUT_DIR/smoke.log
 # (all worker output) and OUT_DIR/results.jsonl (one result.json per line, with case and wall_s).
 #   1gpu: dense 1.7B-class (dynamic and fixed batching, recompute none/selective/full, offload),
@@ -48,14 +48,19 @@ def rc(g="none", m="uniform", n=0):
 def off(p=False, g=False, o=False):
     return dict(param=p, grad=g, optimizer=o)
 
+# Two layers of a Qwen3-30B-A3B-like MoE: 128 experts, top-8.
+MOE128 = dict(MOE, name="moe-128e", num_layers=2, hidden_size=2048, num_attention_heads=32,
+              num_query_groups=4, num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=768)
+
 if suite == "1gpu":
     cases = [
-        ("dense-dyn", DENSE, lay(), rc(), off(), batch(64, 32)),
-        ("dense-selective", DENSE, lay(), rc("selective"), off(), batch(64, 32)),
+        ("dense-dyn", DENSE, lay(), rc(), off(), batch(64, 32, budget=8192)),
+        ("dense-selective", DENSE, lay(), rc("selective"), off(), batch(64, 32, budget=8192)),
         ("dense-full-rc", DENSE, lay(), rc("full", "uniform", 1), off(), batch(64, 32)),
         ("dense-fixed-mbs4", DENSE, lay(), rc(), off(), batch(64, 32, mbs=4)),
-        ("dense-offload", DENSE, lay(), rc(), off(True, True, True), batch(64, 32)),
+        ("dense-offload", DENSE, lay(), rc(), off(True, True, True), batch(64, 32, budget=8192)),
         ("moe-ep1", MOE, lay(), rc(), off(), batch(64, 32)),
+        ("moe-128e", MOE128, lay(), rc(), off(), batch(64, 32)),
         ("oom-build", HUGE, lay(), rc(), off(), batch(8, 8)),
         ("oom-warmup", DENSE, lay(), rc(), off(), batch(64, 64, prompt=4096, rmax=32768,
                                                          rmean=30000, budget=300000)),
@@ -69,7 +74,11 @@ else:
         ("moe-ep4", MOE, lay(ep=4), rc(), off(), batch(64, 32)),
         ("moe-tp2-ep2", MOE, lay(tp=2, ep=2), rc(), off(), batch(64, 32)),
     ]
+import os
+wanted = os.environ.get("SMOKE_CASES", "").split()
 for name, model, layout, recompute, offload, b in cases:
+    if wanted and name not in wanted:
+        continue
     spec = dict(schema=1, model=model, layout=layout, recompute=recompute, offload=offload,
                 batch=b, steps=3, warmup_steps=1, seed=0)
     with open(f"{folder}/{name}.json", "w") as f:
