@@ -52,6 +52,16 @@ GPUS: dict[str, GpuSpec] = {
             pcie_gb_s=64.0,
             internode_gb_s=50.0,
         ),
+        # H800 SXM5 80 GB: H100 compute and memory, NVLink cut to 400 GB/s bidirectional.
+        GpuSpec(
+            name="h800",
+            memory_gib=79.6,
+            bf16_tflops=989.0,
+            hbm_tb_s=3.35,
+            nvlink_gb_s=200.0,
+            pcie_gb_s=64.0,
+            internode_gb_s=50.0,
+        ),
         # H20 96 GB: 148 TFLOP/s bf16, 4.0 TB/s, NVLink 900 GB/s bidirectional.
         GpuSpec(
             name="h20",
@@ -59,6 +69,17 @@ GPUS: dict[str, GpuSpec] = {
             bf16_tflops=148.0,
             hbm_tb_s=4.0,
             nvlink_gb_s=450.0,
+            pcie_gb_s=64.0,
+            internode_gb_s=50.0,
+        ),
+        # B200 (HGX) 180 GB: 2250 TFLOP/s dense bf16, 8 TB/s HBM3e, NVLink5 1.8 TB/s
+        # bidirectional, PCIe Gen5 host link, one 400 Gb/s NIC per GPU.
+        GpuSpec(
+            name="b200",
+            memory_gib=179.0,
+            bf16_tflops=2250.0,
+            hbm_tb_s=8.0,
+            nvlink_gb_s=900.0,
             pcie_gb_s=64.0,
             internode_gb_s=50.0,
         ),

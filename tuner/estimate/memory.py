@@ -84,10 +84,10 @@ def params_per_gpu(m: ModelSpec, c: Candidate) -> tuple[float, float]:
     Dense weights (attention, dense MLP, router, norms, embedding) split over TP; with PP each
     stage holds L/PP layers and the first/last stage one vocabulary table. Expert weights split
     over PP, EP and expert-TP."""
-    return _params_local(get_context(m, _ANY_CLUSTER, _ANY_WORKLOAD, _DEFAULT), c.layout)
+    return params_local(get_context(m, _ANY_CLUSTER, _ANY_WORKLOAD, _DEFAULT), c.layout)
 
 
-def _params_local(ctx: Context, lay: ParallelLayout) -> tuple[float, float]:
+def params_local(ctx: Context, lay: ParallelLayout) -> tuple[float, float]:
     expert_total = ctx.expert_params_total
     dense_total = ctx.total_params - expert_total
     if lay.pp == 1:
@@ -208,7 +208,7 @@ def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> Memory
     how many are in flight under pipeline parallelism; 0 means 'at least pp')."""
     lay = c.layout
     p = ctx.profile
-    dense, expert = _params_local(ctx, lay)
+    dense, expert = params_local(ctx, lay)
     n_local = dense + expert
     weights = n_local * BF16
     grads = n_local * FP32

@@ -23,7 +23,7 @@ from tuner.estimate.context import (
     Context,
     get_context,
 )
-from tuner.estimate.memory import _params_local, kv_cache_bytes
+from tuner.estimate.memory import kv_cache_bytes, params_local
 from tuner.estimate.profile import Profile
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
@@ -373,7 +373,7 @@ def phase_times_of(ctx: Context, c: Candidate) -> PhaseTimes:
     per_mini = (n_micro + bubble) * micro
 
     # optimizer step: grads reduce-scattered (fp32), params all-gathered (bf16), Adam on the shard
-    dense, expert = _params_local(ctx, lay)
+    dense, expert = params_local(ctx, lay)
     edp = lay.world // (pp * lay.ep * lay.etp)
     dp_bw = ctx.nvlink if lay.world // pp <= ctx.local_gpus else ctx.internode
     g = dp * cp
