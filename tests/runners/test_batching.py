@@ -200,3 +200,29 @@ def test_drawn_lengths_are_reproducible_and_spread():
     assert min(a) < 2048 + 1000 and max(a) > 2048 + 7000
     # Pinned values: a change of the drawing changes measured rows, so it must be deliberate.
     assert draw_response_lengths(5, max_len=100, mean_len=30, seed=0) == [65, 50, 12, 4, 19]
+
+
+def test_step_lengths_share_the_prompt_within_a_group():
+    from tuner.runners.batching import draw_step_lengths
+
+    out = draw_step_lengths(
+        prompts=8,
+        n=4,
+        prompt_max=512,
+        prompt_mean=100,
+        response_max=1024,
+        response_mean=300,
+        seed=3,
+    )
+    assert len(out) == 32
+    assert all(2 <= x <= 512 + 1024 for x in out)
+    assert out == draw_step_lengths(
+        prompts=8,
+        n=4,
+        prompt_max=512,
+        prompt_mean=100,
+        response_max=1024,
+        response_mean=300,
+        seed=3,
+    )
+    assert sum(out) == 4 * round(8 * 100) + round(32 * 300)

@@ -358,3 +358,24 @@ def step_sequence_lengths(
             num_samples, max_len=response_max, mean_len=response_mean, seed=seed
         )
     ]
+
+
+def draw_step_lengths(
+    *,
+    prompts: int,
+    n: int,
+    prompt_max: int,
+    prompt_mean: float,
+    response_max: int,
+    response_mean: float,
+    seed: int,
+) -> list[int]:
+    """One RL step's sample lengths: `prompts` prompts drawn as `draw_response_lengths` does,
+    each repeated for its `n` responses (verl's rollout.n), plus one drawn response each (from
+    an independent stream of the same seed). Samples of one prompt are adjacent, as verl keeps
+    them."""
+    plens = draw_response_lengths(prompts, max_len=prompt_max, mean_len=prompt_mean, seed=seed)
+    rlens = draw_response_lengths(
+        prompts * n, max_len=response_max, mean_len=response_mean, seed=seed + 1_000_003
+    )
+    return [plens[i // n] + r for i, r in enumerate(rlens)]

@@ -1064,7 +1064,7 @@ def _check_attention(impl: _AttnImpl) -> float:
     scale = d**-0.5
     out = _run_varlen(impl, q, k, v, cu, cu_list, max(lens), scale)
     out.backward(dout)
-    got = [out.detach().float(), q.grad.float(), k.grad.float(), v.grad.float()]
+    got: list[Any] = [out.detach().float(), *(x.grad.float() for x in (q, k, v))]  # type: ignore[union-attr]
     qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v))
     ref_out = []
     for a, b in zip(cu_list[:-1], cu_list[1:], strict=True):
@@ -1079,7 +1079,7 @@ def _check_attention(impl: _AttnImpl) -> float:
         ref_out.append(torch.einsum("hqk,khd->qhd", s.softmax(-1), vs))
     ref = torch.cat(ref_out)
     ref.backward(dout.double())
-    refs = [ref.detach(), qr.grad, kr.grad, vr.grad]
+    refs: list[Any] = [ref.detach(), qr.grad, kr.grad, vr.grad]
     return max(float((a.double() - b).norm() / b.norm()) for a, b in zip(got, refs, strict=True))
 
 
@@ -1312,7 +1312,7 @@ def _grouped_experts_class() -> type:
             for p, dim in ((self.fc1, 1), (self.fc2, 2)):
                 torch.nn.init.normal_(p, mean=0.0, std=config.init_method_std)
                 set_tensor_model_parallel_attributes(p, is_parallel=True, dim=dim, stride=1)
-                p.allreduce = not use_expert_pgs
+                setattr(p, "allreduce", not use_expert_pgs)  # noqa: B010 (megatron's marker)
 
         def forward(
             self, permuted_local_hidden_states: Any, tokens_per_expert: Any, permuted_probs: Any
@@ -1343,7 +1343,7 @@ class _Offloader:
         self.on_cpu = False
 
     def _buffers(self) -> list[Any]:
-        bufs = []
+        bufs: list[Any] = []
         for chunk in self.model:
             for attr in ("buffers", "expert_parallel_buffers"):
                 bufs.extend(getattr(chunk, attr, []) or [])

@@ -1,0 +1,144 @@
+"""The megatron runner on a CPU: the worker spec it writes, and rows from what a launch leaves
+(a real small program stands in for torchrun + the worker)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.estimate import estimate
+from tuner.hardware import Cluster, get_gpu
+from tuner.models import get_model
+from tuner.results import Status
+from tuner.runners.base import TrialSpec
+from tuner.runners.megatron import MegatronRunner, worker_spec
+from tuner.runners.megatron_worker import WorkerSpec
+from tuner.runners.process import run_process
+from tuner.space import Candidate, ParallelLayout
+from tuner.workload import get_workload
+
+FAKE_WORKER = """
+import json, sys
+args = sys.argv[1:]
+spec = json.load(open(args[args.index("--spec") + 1]))
+out = args[args.index("--out") + 1]
+mode = {mode!r}
+print("fake worker", mode, flush=True)
+if mode == "ok":
+    r = {{"schema": 1, "status": "ok", "phase": "step", "step_s": 2.0,
+          "step_times_s": [2.1, 2.0, 2.0], "tokens": 1000, "tokens_per_s_per_gpu": 125.0,
+          "mfu_pct": 30.0, "peak_mem_allocated_gib": 40.0, "peak_mem_reserved_gib": 44.0,
+          "num_micro_batches": 6, "versions": {{"torch": "2.11", "megatron_core": "0.19.2"}},
+          "gpu": "NVIDIA H100 80GB HBM3", "world_size": 8,
+          "extra": {{"attention": "varlen_attn", "init_s": 9.0}}}}
+elif mode == "oom":
+    r = {{"schema": 1, "status": "oom", "phase": "warmup",
+          "reason": "OutOfMemoryError: CUDA out of memory. Tried to allocate 9 GiB"}}
+elif mode == "crash-oom":
+    print("torch.OutOfMemoryError: CUDA out of memory.", flush=True)
+    sys.exit(1)
+elif mode == "hang":
+    import time
+    time.sleep(60)
+if mode in ("ok", "oom"):
+    json.dump(r, open(out, "w"))
+sys.exit(0 if mode == "ok" else 1)
+"""
+
+
+def trial(tmp: Path, timeout_s: float = 60.0, **cand: object) -> TrialSpec:
+    m, cl = get_model("qwen3-30b-moe"), Cluster(gpu=get_gpu("h100"), num_gpus=8)
+    w = get_workload("dapo-math")
+    cand.setdefault("ppo_max_token_len_per_gpu", 12288)
+    c = Candidate(
+        layout=ParallelLayout(world=8, tp=2, pp=2, vpp=2, ep=4),
+        **cand,  # type: ignore[arg-type]
+    )
+    return TrialSpec(
+        number=3,
+        candidate=c,
+        model=m,
+        cluster=cl,
+        workload=w,
+        trial_dir=tmp / "trials" / "3",
+        timeout_s=timeout_s,
+        prediction=estimate(c, m, cl, w),
+        seed=5,
+    )
+
+
+def fake_runner(tmp: Path, mode: str) -> MegatronRunner:
+    script = tmp / f"fake_{mode}.py"
+    script.write_text(FAKE_WORKER.format(mode=mode))
+
+    def launch(cmd, **kw):
+        assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+        assert cmd[cmd.index("--nproc-per-node") + 1] == "8"
+        assert kw["env"]["NCCL_NVLS_ENABLE"] == "0"
+        return run_process([sys.executable, str(script), *cmd[cmd.index("--spec") :]], **kw)
+
+    return MegatronRunner(launch=launch)
+
+
+def test_worker_spec_follows_candidate_model_and_workload():
+    t = trial(Path("/nonexistent"), recompute_granularity="full", recompute_num_layers=1)
+    d = worker_spec(t.candidate, t.model, t.workload, seed=5, mini_batches=2)
+    s = WorkerSpec.from_dict(json.loads(json.dumps(d)))
+    w = t.workload
+    assert s.layout.tp == 2 and s.layout.vpp == 2 and s.layout.ep == 4 and s.layout.dp(8) == 2
+    assert s.model.num_experts == t.model.num_experts
+    assert s.model.num_query_groups == t.model.num_kv_heads
+    assert s.batch.mini_batch_size == w.mini_batch_size * w.n
+    assert len(s.batch.sequence_lengths) == 2 * w.mini_batch_size * w.n
+    assert max(s.batch.sequence_lengths) <= w.max_seq_len
+    assert s.recompute.granularity == "full" and s.recompute.num_layers == 1
+    assert d["lengths"]["mini_batches_per_step"] == w.mini_batches_per_step
+    assert d == worker_spec(t.candidate, t.model, t.workload, seed=5, mini_batches=2)
+
+
+def test_a_budget_below_the_longest_sample_fails_without_a_launch(tmp_path: Path):
+    def launch(*a, **k):
+        raise AssertionError("must not launch")
+
+    t = trial(tmp_path, ppo_max_token_len_per_gpu=4096)
+    row = MegatronRunner(launch=launch).run(t)
+    assert row.status is Status.FAILED and "verl refuses it" in row.reason
+
+
+def test_ok_row_scales_the_update_to_the_whole_step(tmp_path: Path):
+    t = trial(tmp_path)
+    row = fake_runner(tmp_path, "ok").run(t)
+    assert row.status is Status.OK, row.reason
+    per_step = t.workload.mini_batches_per_step
+    assert row.update_actor_s == pytest.approx(2.0 * per_step / 2)
+    assert row.step_s is None
+    assert row.tokens_per_s_per_gpu == 125.0 and row.mfu_pct == 30.0
+    assert row.peak_mem_gib == 40.0 and row.peak_mem_reserved_gib == 44.0
+    assert row.hardware == "8x NVIDIA H100 80GB HBM3"
+    assert "megatron_core=0.19.2" in row.versions
+    assert row.extra["attention"] == "varlen_attn" and row.extra["mini_batches_run"] == 2
+    assert (t.trial_dir / "spec.json").is_file()
+    assert "fake worker ok" in Path(row.log_path).read_text()
+
+
+def test_oom_result_and_oom_crash_are_oom_rows(tmp_path: Path):
+    row = fake_runner(tmp_path, "oom").run(trial(tmp_path))
+    assert row.status is Status.OOM and row.reason.startswith("warmup: OutOfMemoryError")
+    row = fake_runner(tmp_path, "crash-oom").run(trial(tmp_path))
+    assert row.status is Status.OOM and "CUDA out of memory" in row.reason
+
+
+def test_a_hang_is_a_timeout_row(tmp_path: Path):
+    row = fake_runner(tmp_path, "hang").run(trial(tmp_path, timeout_s=2))
+    assert row.status is Status.TIMEOUT
+
+
+def test_stale_result_is_not_read(tmp_path: Path):
+    t = trial(tmp_path)
+    t.trial_dir.mkdir(parents=True)
+    (t.trial_dir / "result.json").write_text('{"schema": 1, "status": "ok"}')
+    row = fake_runner(tmp_path, "crash-oom").run(t)
+    assert row.status is Status.OOM
