@@ -525,12 +525,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from tuner.estimate import load_profile, save_profile
     from tuner.estimate.calibrate import calibrate, observations_from_rows
     from tuner.estimate.profile import DEFAULT_PROFILE_PATH, Profile
+    from tuner.estimate.validate import reported_response_mean
     from tuner.results import read_rows
 
-    rows = [r for path in args.csv for r in read_rows(path)]
-    if args.gpu:
-        rows = [r for r in rows if (r.get("gpu") or "").lower() == args.gpu.lower()]
-    obs = observations_from_rows(rows)
+    rows: list[dict[str, str]] = []
+    obs = []
+    for path in args.csv:
+        file_rows = read_rows(path)
+        if args.gpu:
+            file_rows = [r for r in file_rows if (r.get("gpu") or "").lower() == args.gpu.lower()]
+        rows += file_rows
+        obs += observations_from_rows(file_rows, response_mean=reported_response_mean(file_rows))
     start = load_profile(args.start) if args.start else Profile()
     res = calibrate(obs, start)
     kinds = sorted({o.case.cluster.gpu.name for o in obs})

@@ -21,7 +21,7 @@ from tuner.estimate import Estimate, estimate
 from tuner.estimate.profile import CALIBRATED, Profile
 from tuner.estimate.validate import Case, case_from_row, predicted_phase
 
-PRIOR_WEIGHT = 1e-3
+PRIOR_WEIGHT = 1e-2
 """Weight of (log(value / start))^2 per constant, against squared log errors of the rows."""
 SENSITIVITY_FLOOR = 1e-6
 """A constant whose 10% change moves no prediction by more than this (relative) is left alone."""
@@ -60,16 +60,21 @@ class CalibrationResult:
 
 
 def observations_from_rows(
-    rows: Iterable[dict[str, str]], accept: Callable[[dict[str, str]], bool] | None = None
+    rows: Iterable[dict[str, str]],
+    accept: Callable[[dict[str, str]], bool] | None = None,
+    response_mean: int = 0,
 ) -> list[Observation]:
-    """Measured phases of the rows that `accept` keeps (default: measured rows, not estimates)."""
+    """Measured phases of the rows that `accept` keeps (default: measured rows, not estimates).
+
+    `response_mean` stands in for reference rows, which do not record it (see
+    validate.reported_response_mean); our own rows carry theirs."""
     keep = accept or (lambda r: r.get("source", "") not in ("", "estimate", "tuner"))
     out: list[Observation] = []
     for row in rows:
         if row.get("status") != "ok" or not keep(row):
             continue
         try:
-            case = case_from_row(row)
+            case = case_from_row(row, response_mean)
         except (UserError, KeyError, ValueError):
             continue
         if case is None:
@@ -152,10 +157,11 @@ def calibrate(
         if not names:
             break
         jac = np.empty((len(r), len(names)))
-        for j in range(len(names)):
+        for j, name in enumerate(names):
             xs = x.copy()
-            xs[j] += FD_STEP
-            jac[:, j] = (residuals(xs) - r) / FD_STEP
+            h = FD_STEP if x[j] + FD_STEP <= math.log(CALIBRATED[name][1]) else -FD_STEP
+            xs[j] += h
+            jac[:, j] = (residuals(xs) - r) / h
         jtj, jtr = jac.T @ jac, jac.T @ r
         improved = False
         for _ in range(12):

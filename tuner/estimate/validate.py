@@ -273,6 +273,7 @@ def _own_case(row: dict[str, str], status: str, measured: dict[str, float]) -> C
         prompt_len=int(row["max_prompt_len"]),
         response_len=int(row["max_response_len"]),
         response_mean=int(round(number(row.get("response_mean_len")) or 0)),
+        prompt_mean=int(round(number(row.get("prompt_mean_len")) or 0)),
         batch_size=int(row["bs"]),
         n=int(row["n"]),
         mini_batch_size=int(row["mini_bs"]),
