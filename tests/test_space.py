@@ -227,8 +227,7 @@ def test_overrides_cover_each_knob_and_follow_conditions() -> None:
     assert ov["actor_rollout_ref.ref.megatron.tensor_model_parallel_size"] == 4
     assert ov["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"] == 2
     assert (
-        ov["+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers"]
-        == 2
+        ov["actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers"] == 2
     )
     assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" not in ov
     assert ov["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == 2

@@ -63,6 +63,63 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mini-batch", type=int, help="PPO mini batch in prompts")
 
 
+def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "verl runner (--runner verl: real verl main_ppo trials of 3 steps; see docs/clusters.md)"
+    )
+    g.add_argument(
+        "--launcher",
+        choices=("local", "ray", "slurm"),
+        default="local",
+        help="where trials run: this node, a Ray cluster (Jobs API) or Slurm (default local)",
+    )
+    g.add_argument(
+        "--model-path",
+        help="the model's Hugging Face weights (a folder every node can read)",
+    )
+    g.add_argument(
+        "--train-file",
+        type=Path,
+        help="a verl parquet of prompts (default: a synthetic one of the workload's lengths)",
+    )
+    g.add_argument(
+        "--reward-fn",
+        type=Path,
+        help="a Python file with compute_score() (default: reward.py beside --train-file, "
+        "else verl's scorer for each row's data_source)",
+    )
+    g.add_argument("--ray-address", help="--launcher ray: the dashboard, http://<head>:8265")
+    g.add_argument("--slurm-partition", help="--launcher slurm: #SBATCH --partition")
+    g.add_argument("--slurm-account", help="--launcher slurm: #SBATCH --account")
+    g.add_argument(
+        "--slurm-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="--launcher slurm: another #SBATCH option, e.g. --slurm-arg=--qos=high (repeatable)",
+    )
+    g.add_argument(
+        "--slurm-setup",
+        default="",
+        help="--launcher slurm: shell lines run first in the job, e.g. "
+        "'source /shared/venv/bin/activate'",
+    )
+
+
+def _verl_runner_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "launcher": args.launcher,
+        "model_path": args.model_path,
+        "train_file": args.train_file,
+        "reward_fn": args.reward_fn,
+        "ray_address": args.ray_address,
+        "slurm_partition": args.slurm_partition,
+        "slurm_account": args.slurm_account,
+        "slurm_args": args.slurm_arg,
+        "slurm_setup": args.slurm_setup,
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tune", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
@@ -134,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="calibration profile (default results/calibration.json if present)",
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_verl_runner_args(run)
 
     show = sub.add_parser("show", help="print a leaderboard, ranked")
     show.add_argument("csv", type=Path, nargs="+", help="leaderboard CSV(s), ours or reference")
@@ -273,7 +331,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tuner.study import Progress, TuneRequest, run_study
 
     model, cluster, workload = _cluster_model_workload(args)
-    runner = make_runner(args.runner)
+    options = _verl_runner_options(args) if args.runner == "verl" else {}
+    runner = make_runner(args.runner, **options)
     if args.runner == "auto" and runner.name == "estimate":
         print(
             "tune: no GPU here: using the estimator (rows say source=estimate; nothing is measured)"

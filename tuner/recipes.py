@@ -44,24 +44,46 @@ def _quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
+def experiment_name(c: Candidate, m: ModelSpec, cl: Cluster) -> str:
+    """`trainer.experiment_name` of a recipe and of the verl runner's trial (the recipe name)."""
+    return recipe_name(c, m, cl)[: -len(".sh")]
+
+
+REWARD_FN_DEFAULT = (
+    'if [[ -z "${REWARD_FN:-}" ]]; then',
+    '    REWARD_FN="$(dirname "${TRAIN_FILE}")/reward.py"',
+    '    [[ -f "${REWARD_FN}" ]] || REWARD_FN=null',
+    "fi",
+)
+"""REWARD_FN, unless set: the tuner's synthetic reward.py beside TRAIN_FILE if there is one,
+else null (verl's built-in scorer for each row's data_source). The verl runner does the same."""
+
+
 def render(
     c: Candidate, m: ModelSpec, cl: Cluster, w: Workload, *, origin: str = "", steps: int = 3
 ) -> Recipe:
     """A bash script that runs verl's main_ppo with the candidate's overrides.
 
-    MODEL_PATH, TRAIN_FILE and NNODES come from the environment; TOTAL_STEPS defaults to `steps`
-    (3, as the tuner measures)."""
-    ov = verl_command.overrides(c, m, cl, w, steps=steps, experiment=recipe_name(c, m, cl)[:-3])
-    ov["trainer.total_training_steps"] = "${TOTAL_STEPS}"
+    MODEL_PATH, TRAIN_FILE and NNODES come from the environment (REWARD_FN too, optionally);
+    TOTAL_STEPS defaults to `steps` (3, as the tuner measures). With those set as the verl runner
+    set them, the script runs the runner's command with the same overrides."""
+    ov = verl_command.overrides(
+        c, m, cl, w, steps="${TOTAL_STEPS}", experiment=experiment_name(c, m, cl)
+    )
     args = verl_command.override_args(ov)
     hf = m.hf_id or m.name
-    env = "\n".join(f"export {k}={v}" for k, v in verl_command.ENV.items())
+    env = [f"export {k}={v}" for k, v in verl_command.ENV.items()]
+    response = (
+        f"fixed {w.response_len}-token responses (ignore_eos)"
+        if verl_command.fixed_response_length(w)
+        else f"responses up to {w.response_len} tokens"
+    )
     lines = [
         "#!/usr/bin/env bash",
         f"# verl-tuner recipe: {m.name} on {cl.num_gpus}x {cl.gpu.name} "
         f"({cl.num_nodes} node(s) of {cl.local_gpus}), actor {c.layout.notation}, "
         f"rollout tp{c.rollout_tp}",
-        f"# workload: {w.algorithm}, prompt {w.prompt_len} + response {w.response_len} tokens, "
+        f"# workload: {w.algorithm}, prompts up to {w.prompt_len} tokens, {response}, "
         f"{w.batch_size} prompts x {w.n}, mini batch {w.mini_batch_size}",
     ]
     if origin:
@@ -69,12 +91,16 @@ def render(
     lines += [
         "# usage: MODEL_PATH=/path/to/model TRAIN_FILE=/path/to/train.parquet NNODES=N "
         "bash this.sh [extra overrides]",
+        "# step metrics: ${VERL_FILE_LOGGER_ROOT:-$PWD}/"
+        f"{verl_command.PROJECT}/{experiment_name(c, m, cl)}.jsonl (verl's file logger)",
         "set -euo pipefail",
         f"MODEL_PATH=${{MODEL_PATH:?set MODEL_PATH to a local copy of {hf}}}",
         "TRAIN_FILE=${TRAIN_FILE:?set TRAIN_FILE to a parquet file of prompts}",
+        *REWARD_FN_DEFAULT,
         f"NNODES=${{NNODES:-{cl.num_nodes}}}",
         f"TOTAL_STEPS=${{TOTAL_STEPS:-{steps}}}",
-        env,
+        f'export {verl_command.METRICS_ROOT_ENV}="${{{verl_command.METRICS_ROOT_ENV}:-$PWD}}"',
+        *env,
         "",
         " ".join(verl_command.ENTRYPOINT) + " \\",
         *[f"    {_quote(a)} \\" for a in args],

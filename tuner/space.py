@@ -277,26 +277,30 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ep", _both("megatron.expert_model_parallel_size"), "expert parallel"),
     Knob("etp", _both("megatron.expert_tensor_parallel_size"), "expert tensor parallel"),
     Knob("sequence_parallel", _both("megatron.sequence_parallel"), "sequence parallel"),
+    # verl 0.9 declares these three (null by default), so they take no `+`; the ref's
+    # override_transformer_config follows the actor's.
     Knob(
         "recompute_granularity",
-        (f"+{ACTOR}.{TF_CONFIG}.recompute_granularity",),
+        (f"{ACTOR}.{TF_CONFIG}.recompute_granularity",),
         "activation recompute granularity",
         when=_recompute_on,
     ),
     Knob(
         "recompute_method",
-        (f"+{ACTOR}.{TF_CONFIG}.recompute_method",),
+        (f"{ACTOR}.{TF_CONFIG}.recompute_method",),
         "full recompute method",
         when=_full_recompute,
     ),
     Knob(
         "recompute_num_layers",
-        (f"+{ACTOR}.{TF_CONFIG}.recompute_num_layers",),
+        (f"{ACTOR}.{TF_CONFIG}.recompute_num_layers",),
         "full recompute layers",
         when=_full_recompute,
     ),
     Knob("param_offload", _both("megatron.param_offload"), "offload parameters"),
-    Knob("grad_offload", (f"{ACTOR}.megatron.grad_offload",), "offload gradients"),
+    # verl 0.9 has no gradient offload key: `megatron.param_offload` also releases the gradient
+    # buffers between phases (McoreEngineConfig), so grad_offload sets nothing by itself.
+    Knob("grad_offload", (), "offload gradients (verl: part of param_offload)"),
     Knob("optimizer_offload", (f"{ACTOR}.megatron.optimizer_offload",), "offload optimizer"),
     Knob("use_fused_kernels", ("actor_rollout_ref.model.use_fused_kernels",), "fused kernels"),
     Knob(

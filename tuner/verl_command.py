@@ -1,9 +1,15 @@
-"""The verl command a candidate means: one mapping from tuner knobs and the workload to verl
-0.9 Hydra overrides of `ppo_megatron_trainer`, used by both the verl runner and recipes, so a
-recipe reproduces exactly what a trial ran."""
+"""The verl command a candidate means: one mapping from tuner knobs and the workload to verl 0.9
+Hydra overrides of `ppo_megatron_trainer`, used by both the verl runner and recipes, so a recipe
+reproduces exactly what a trial ran.
+
+Every key is checked against the installed verl's own config by tests/test_verl_command.py: a
+key without `+` must exist in `ppo_megatron_trainer`, a key with `+` must not (Hydra adds it).
+"""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 from tuner.hardware import Cluster
@@ -13,12 +19,33 @@ from tuner.workload import Workload
 
 CONFIG_NAME = "ppo_megatron_trainer"
 ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo", f"--config-name={CONFIG_NAME}")
-ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "VLLM_USE_V1": "1"}
+"""The recipe's command; runners may swap `python3` for their interpreter."""
+PROJECT = "verl-tuner"
+"""`trainer.project_name`; verl's file logger writes `<root>/<project>/<experiment>.jsonl`."""
+METRICS_ROOT_ENV = "VERL_FILE_LOGGER_ROOT"
+"""verl's file logger (verl.utils.tracking.FileLogger) writes under this directory; it creates
+`<root>/<project>/` itself, so the root may be a path that exists only on the cluster."""
+CRITIC = "critic"
+
+# Environment the recipes export. verl 0.9 itself sets CUDA_DEVICE_MAX_CONNECTIONS=1 for Megatron
+# on Hopper/Ampere (and must not on Blackwell), and vLLM's V1 engine is its only engine, so none.
+ENV: dict[str, str] = {}
 
 
 def uses_reference_model(w: Workload) -> bool:
     """GRPO and PPO keep a KL loss against a frozen reference; DAPO drops it."""
     return w.algorithm in ("grpo", "ppo")
+
+
+def fixed_response_length(w: Workload) -> bool:
+    """Responses of exactly `response_len` tokens (vLLM ignores EOS) when the workload says the
+    mean response is the maximum; otherwise the model stops where it stops."""
+    return w.response_mean == w.response_len
+
+
+def metrics_path(root: Path, experiment: str) -> Path:
+    """Where verl's `file` logger writes the step metrics (JSON lines) under METRICS_ROOT_ENV."""
+    return root / PROJECT / f"{experiment}.jsonl"
 
 
 def workload_overrides(w: Workload) -> dict[str, Any]:
@@ -30,13 +57,13 @@ def workload_overrides(w: Workload) -> dict[str, Any]:
         "data.max_response_length": w.response_len,
         "data.train_batch_size": w.batch_size,
         "data.filter_overlong_prompts": False,
-        "data.truncation": "left",
         f"{ACTOR}.ppo_mini_batch_size": w.mini_batch_size,
         f"{ACTOR}.use_kl_loss": kl,
         f"{ACTOR}.optim.lr": 1e-6,
         f"{ROLLOUT}.name": "vllm",
         f"{ROLLOUT}.n": w.n,
         f"{ROLLOUT}.enable_chunked_prefill": True,
+        f"{ROLLOUT}.ignore_eos": fixed_response_length(w),
     }
     if kl:
         out[f"{ACTOR}.kl_loss_coef"] = 0.001
@@ -49,7 +76,9 @@ def workload_overrides(w: Workload) -> dict[str, Any]:
 
 
 def extra_megatron_overrides(c: Candidate, m: ModelSpec) -> dict[str, Any]:
-    """Switches the reference recipes always set (fusions; MoE dispatcher and router dtype)."""
+    """Switches the reference recipes always set (fusions; MoE dispatcher and router dtype).
+    verl 0.9 does not declare them, hence the `+`; the ref's transformer config follows the
+    actor's."""
     out: dict[str, Any] = {
         f"+{ACTOR}.{TF_CONFIG}.apply_rope_fusion": True,
         f"+{ACTOR}.{TF_CONFIG}.gradient_accumulation_fusion": True,
@@ -61,44 +90,69 @@ def extra_megatron_overrides(c: Candidate, m: ModelSpec) -> dict[str, Any]:
     return out
 
 
+def critic_overrides(actor: dict[str, Any], model_path: str) -> dict[str, Any]:
+    """PPO's critic: the same model and Megatron layout as the actor (verl's critic defaults to
+    no parallelism at all), and the actor's micro-batch sizing."""
+    out: dict[str, Any] = {f"{CRITIC}.model.path": model_path}
+    for key, v in actor.items():
+        plus = "+" if key.startswith("+") else ""
+        bare = key.lstrip("+")
+        for suffix in ("megatron.", "ppo_max_token_len_per_gpu", "ppo_micro_batch_size_per_gpu"):
+            if bare.startswith(f"{ACTOR}.{suffix}"):
+                out[plus + CRITIC + bare[len(ACTOR) :]] = v
+    return out
+
+
 def overrides(
     c: Candidate,
     m: ModelSpec,
     cl: Cluster,
     w: Workload,
     *,
-    steps: int = 3,
+    steps: int | str = 3,
     model_path: str = "${MODEL_PATH}",
     train_file: str = "${TRAIN_FILE}",
+    reward_fn: str = "${REWARD_FN}",
     nnodes: str | int = "${NNODES}",
     experiment: str = "tune",
-    log_dir: str | None = None,
 ) -> dict[str, Any]:
-    """Every override, in a stable order: workload, knobs, megatron extras, trainer."""
+    """Every override, in a stable order: data, workload, knobs, megatron extras, trainer.
+
+    `reward_fn` is a Python file with `compute_score(data_source, solution_str, ground_truth,
+    extra_info)`, or `null` for verl's built-in scorer of each row's data_source."""
+    knobs = {**knob_overrides(c), **extra_megatron_overrides(c, m)}
     out: dict[str, Any] = {
         "data.train_files": train_file,
         "data.val_files": train_file,
         "actor_rollout_ref.model.path": model_path,
+        "reward.custom_reward_function.path": reward_fn,
         **workload_overrides(w),
-        **knob_overrides(c),
-        **extra_megatron_overrides(c, m),
-        f"{ROLLOUT}.load_format": "dummy" if False else "auto",
-        "trainer.logger": ["console", "file"],
-        "trainer.project_name": "verl-tuner",
-        "trainer.experiment_name": experiment,
-        "trainer.n_gpus_per_node": cl.local_gpus,
-        "trainer.nnodes": nnodes,
-        "trainer.total_training_steps": steps,
-        "trainer.val_before_train": False,
-        "trainer.test_freq": -1,
-        "trainer.save_freq": -1,
+        **knobs,
     }
-    if log_dir is not None:
-        out["trainer.default_local_dir"] = log_dir
+    if w.algorithm == "ppo":
+        out.update(critic_overrides(knobs, model_path))
+    out.update(
+        {
+            "trainer.logger": ["console", "file"],
+            "trainer.project_name": PROJECT,
+            "trainer.experiment_name": experiment,
+            "trainer.n_gpus_per_node": cl.local_gpus,
+            "trainer.nnodes": nnodes,
+            "trainer.total_training_steps": steps,
+            "trainer.val_before_train": False,
+            "trainer.test_freq": -1,
+            "trainer.save_freq": -1,
+            "trainer.resume_mode": "disable",
+        }
+    )
     if not uses_reference_model(w):
         for key in [k for k in out if k.startswith(f"{REF}.")]:
             out.pop(key)
     return out
+
+
+_PLAIN = re.compile(r"[\w/\-+.@%]*|\$\{[^}]*\}")
+"""Values Hydra's override grammar takes unquoted (and whole `${VAR}` placeholders)."""
 
 
 def format_value(v: Any) -> str:
@@ -110,12 +164,15 @@ def format_value(v: Any) -> str:
         return "[" + ",".join(format_value(x) for x in v) + "]"
     if isinstance(v, float):
         return f"{v:g}"
-    return str(v)
+    s = str(v)
+    if isinstance(v, str) and not _PLAIN.fullmatch(s):
+        return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return s
 
 
 def override_args(ov: dict[str, Any]) -> list[str]:
     return [f"{k}={format_value(v)}" for k, v in ov.items()]
 
 
-def command(ov: dict[str, Any]) -> list[str]:
-    return [*ENTRYPOINT, *override_args(ov)]
+def command(ov: dict[str, Any], python: str = ENTRYPOINT[0]) -> list[str]:
+    return [python, *ENTRYPOINT[1:], *override_args(ov)]

@@ -37,7 +37,7 @@ def make_runner(name: str, **options: object) -> Runner:
 
         return MegatronRunner(**options)  # type: ignore[no-any-return]
     if name == "verl":
-        from tuner.runners.verl import VerlRunner  # type: ignore[import-not-found]
+        from tuner.runners.verl import VerlRunner
 
-        return VerlRunner(**options)  # type: ignore[no-any-return]
+        return VerlRunner(**options)  # type: ignore[arg-type]
     raise UserError(f"unknown runner {name!r}: use one of {', '.join(RUNNER_NAMES)}")

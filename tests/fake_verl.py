@@ -1,0 +1,101 @@
+"""A stand-in for `python -m verl.trainer.main_ppo` in tests: it takes the same overrides and
+writes step metrics with verl's own `Tracking` logger (its `file` backend), so the tuner reads
+exactly what verl would write, and prints console lines in verl's `step:<n> - k:v` format.
+verl's tracking.py is loaded from the installed verl by path: importing the `verl` package
+(torch, tensordict) would cost seconds per run and is not needed for the logger.
+`actor_rollout_ref.model.path=fake/<mode>` says what to do:
+
+  ok     log steps 1..trainer.total_training_steps, exit 0
+  oom    log step 1, print a recorded CUDA OOM traceback (tests/data/verl_logs), exit 1
+  die    log step 1, then the process kills itself (SIGKILL: no traceback)
+  hang   log step 1, then sleep until killed
+  config print a recorded Hydra override error and exit 1 (before any step)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parent / "data" / "verl_logs"
+
+
+def metrics(step: int) -> dict[str, float]:
+    """The keys verl 0.9's trainer logs each step (a subset), with plausible values."""
+    step_s = 100.0 + step
+    return {
+        "training/global_step": step,
+        "perf/throughput": 1000.0 + 10 * step,
+        "perf/time_per_step": step_s,
+        "perf/total_num_tokens": 8_000_000 + step,
+        "perf/max_memory_allocated_gb": 60.5,
+        "perf/max_memory_reserved_gb": 70.25,
+        "perf/mfu/actor": 0.31,
+        "perf/cpu_memory_used_gb": 210.0,
+        "timing_s/step": step_s,
+        "timing_s/gen": 50.0,
+        "timing_s/reward": 1.5,
+        "timing_s/old_log_prob": 10.0,
+        "timing_s/ref": 9.0,
+        "timing_s/adv": 0.5,
+        "timing_s/update_actor": 25.0,
+        "timing_s/update_weights": 4.0,
+        "response_length/mean": 1536.0,
+        "response_length/max": 2048.0,
+        "response_length/clip_ratio": 0.05,
+        "prompt_length/mean": 200.0,
+    }
+
+
+def verl_tracking() -> Any:
+    spec = importlib.util.find_spec("verl")
+    assert spec is not None and spec.submodule_search_locations
+    path = Path(next(iter(spec.submodule_search_locations))) / "utils" / "tracking.py"
+    mod_spec = importlib.util.spec_from_file_location("verl_utils_tracking", path)
+    assert mod_spec and mod_spec.loader
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv: list[str]) -> int:
+    ov = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("--"))
+    ov = {k: v[1:-1] if v[:1] == v[-1:] == "'" else v for k, v in ov.items()}  # Hydra quoting
+    mode = ov.get("actor_rollout_ref.model.path", "fake/ok").removeprefix("fake/")
+    if mode == "config":
+        sys.stdout.write((DATA / "config_unknown_key.log").read_text())
+        return 1
+    tracking = verl_tracking().Tracking(
+        project_name=ov["trainer.project_name"],
+        experiment_name=ov["trainer.experiment_name"],
+        default_backend=["file"],
+    )
+    steps = int(ov.get("trainer.total_training_steps", "3"))
+    for step in range(1, steps + 1):
+        data = metrics(step)
+        tracking.log(data=data, step=step)
+        print(" - ".join([f"step:{step}", *(f"{k}:{v}" for k, v in data.items())]), flush=True)
+        if mode != "ok":
+            break
+    sys.stdout.flush()
+    if mode == "oom":
+        sys.stderr.write((DATA / "oom_update_actor.log").read_text())
+        return 1
+    if mode == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "hang":
+        pid_file = Path(os.environ.get("VERL_FILE_LOGGER_ROOT", ".")) / "fake_verl.pid"
+        pid_file.write_text(str(os.getpid()))  # the trial folder, for the test to check
+        while True:
+            time.sleep(1)
+    tracking.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

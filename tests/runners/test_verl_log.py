@@ -1,0 +1,152 @@
+"""Reading verl runs: step metrics written by verl's own Tracking logger, and failure causes from
+recorded logs (tests/data/verl_logs; README.md there says where each one's shape comes from)."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from tuner.results import Status
+from tuner.runners.verl_log import (
+    classify,
+    last_exception,
+    last_step,
+    measures,
+    read_console,
+    read_jsonl,
+)
+
+LOGS = Path(__file__).resolve().parents[1] / "data" / "verl_logs"
+
+
+def step_metrics(step: int) -> dict[str, float]:
+    """Keys and units as verl 0.9's trainer logs them (perf/*, timing_s/*, lengths)."""
+    return {
+        "training/global_step": step,
+        "perf/throughput": 1200.0 + step,
+        "perf/time_per_step": 95.0 + step,
+        "perf/total_num_tokens": 4_000_000,
+        "perf/max_memory_allocated_gb": 61.5,
+        "perf/max_memory_reserved_gb": 70.0,
+        "perf/mfu/actor": 0.285,
+        "timing_s/step": 95.0 + step,
+        "timing_s/gen": 41.0,
+        "timing_s/old_log_prob": 11.0,
+        "timing_s/ref": 10.0,
+        "timing_s/update_actor": 27.0,
+        "timing_s/update_weights": 3.5,
+        "timing_s/reward": 1.25,
+        "response_length/mean": 1800.5,
+        "prompt_length/mean": 204.0,
+    }
+
+
+@pytest.fixture(scope="module")
+def verl_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """Three steps logged through verl.utils.tracking.Tracking with the file and console
+    backends, as the trainer does; returns the JSONL path and the console output."""
+    tracking = pytest.importorskip("verl.utils.tracking")
+    root = tmp_path_factory.mktemp("logger")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VERL_FILE_LOGGER_ROOT", str(root))
+    out = io.StringIO()
+    try:
+        with redirect_stdout(out):
+            t = tracking.Tracking(
+                project_name="verl-tuner",
+                experiment_name="exp",
+                default_backend=["console", "file"],
+            )
+            for step in (1, 2, 3):
+                t.log(data=step_metrics(step), step=step)
+            t.finish()
+    finally:
+        mp.undo()
+    return root / "verl-tuner" / "exp.jsonl", out.getvalue()
+
+
+def test_step_3_from_verls_file_logger(verl_run: tuple[Path, str]) -> None:
+    jsonl, _ = verl_run
+    steps = read_jsonl(jsonl)
+    assert sorted(steps) == [1, 2, 3]
+    got = measures(steps)
+    assert got is not None and got.step == 3
+    f = got.fields
+    assert f["tokens_per_s_per_gpu"] == 1203.0
+    assert f["step_s"] == 98.0
+    assert f["generation_s"] == 41.0
+    assert f["old_log_prob_s"] == 11.0
+    assert f["ref_s"] == 10.0
+    assert f["update_actor_s"] == 27.0
+    assert f["reshard_s"] == 3.5
+    assert f["peak_mem_gib"] == 61.5
+    assert f["peak_mem_reserved_gib"] == 70.0
+    assert f["mfu_pct"] == pytest.approx(28.5)
+    assert got.extra["total_num_tokens"] == 4_000_000
+    assert got.extra["response_length_mean"] == 1800.5
+    assert got.extra["prompt_length_mean"] == 204.0
+
+
+def test_console_lines_give_the_same_numbers(verl_run: tuple[Path, str]) -> None:
+    jsonl, console = verl_run
+    # As a Ray job's log shows them: prefixed by the actor, with colour codes.
+    ray_log = "".join(
+        f"\x1b[36m(TaskRunnerV1 pid=4242)\x1b[0m {line}\n" for line in console.splitlines()
+    )
+    from_console = read_console(ray_log)
+    from_file = read_jsonl(jsonl)
+    assert from_console.keys() == from_file.keys()
+    for step, data in from_file.items():
+        assert from_console[step] == pytest.approx(data)
+
+
+def test_torn_last_line_and_missing_step(tmp_path: Path, verl_run: tuple[Path, str]) -> None:
+    jsonl, _ = verl_run
+    lines = jsonl.read_text().splitlines()
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])
+    steps = read_jsonl(torn)
+    assert sorted(steps) == [1, 2]
+    assert measures(steps) is None
+    assert last_step(steps) == 2
+    assert read_jsonl(tmp_path / "absent.jsonl") == {}
+
+
+@pytest.mark.parametrize(
+    ("log", "status", "kind", "phase", "fragment"),
+    [
+        ("oom_update_actor.log", Status.OOM, "oom", "update_actor", "tried to allocate 3.71 GiB"),
+        ("oom_ref.log", Status.OOM, "oom", "ref", "CUDA OOM in ref"),
+        ("oom_vllm_kv.log", Status.OOM, "oom", "gen", "KV cache"),
+        ("ray_host_oom.log", Status.OOM, "host-oom", "", "host memory"),
+        ("nccl_timeout.log", Status.FAILED, "nccl-timeout", "", "Watchdog caught collective"),
+        ("nccl_error.log", Status.FAILED, "nccl-error", "", "unhandled system error"),
+        ("ray_actor_died.log", Status.FAILED, "worker-died", "update_actor", "SYSTEM_ERROR"),
+        ("config_unknown_key.log", Status.FAILED, "config-error", "", "grad_offload"),
+        ("config_validate.log", Status.FAILED, "config-error", "", "TypeError: unsupported"),
+    ],
+)
+def test_failure_causes_from_recorded_logs(
+    log: str, status: Status, kind: str, phase: str, fragment: str
+) -> None:
+    f = classify((LOGS / log).read_text())
+    assert f is not None
+    assert (f.status, f.kind) == (status, kind)
+    if phase:
+        assert f.phase == phase
+    assert fragment in f.reason
+    assert len(f.reason) <= 220 and "\n" not in f.reason
+
+
+def test_unclassified_failure_names_the_last_exception() -> None:
+    text = (LOGS / "missing_module.log").read_text()
+    assert classify(text) is None
+    assert last_exception(text) == "ModuleNotFoundError: No module named 'transfer_queue'"
+
+
+def test_a_clean_log_is_no_failure(verl_run: tuple[Path, str]) -> None:
+    _, console = verl_run
+    assert classify(console) is None

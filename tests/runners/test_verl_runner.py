@@ -1,0 +1,206 @@
+"""The verl runner end to end on this node: the real local launcher starts tests/fake_verl.py (a
+stand-in for verl's main_ppo that logs with verl's own Tracking) with the trial's real command,
+and the row comes from what it left: metrics file, log, exit. Plus the GPU checks and the CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner import verl_command
+from tuner.cli import main
+from tuner.errors import UserError
+from tuner.hardware import Cluster, get_gpu
+from tuner.results import Status
+from tuner.runners import make_runner
+from tuner.runners.launchers.local import count_local_gpus
+from tuner.runners.verl import VerlRunner
+
+pytestmark = [
+    pytest.mark.verl,
+    pytest.mark.skipif(importlib.util.find_spec("verl") is None, reason="needs verl"),
+]
+
+
+def _helpers() -> Any:
+    """tests/verl_helpers.py, loaded by path (tests/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "verl_helpers.py"
+    spec = importlib.util.spec_from_file_location("verl_helpers", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+H = _helpers()
+FAKE_VERL = H.FAKE_VERL
+spec_for = H.spec_for
+
+
+def runner(mode: str, **kw: object) -> VerlRunner:
+    return VerlRunner(
+        model_path=f"fake/{mode}",
+        entrypoint=[sys.executable, str(FAKE_VERL)],
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_ok_trial_reads_step_3(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path)
+    res = runner("ok").run(spec)
+    assert res.status is Status.OK, res.reason
+    assert res.source == "verl"
+    assert res.tokens_per_s_per_gpu == 1030.0  # fake_verl: 1000 + 10 * step
+    assert res.step_s == 103.0
+    assert (res.generation_s, res.old_log_prob_s, res.ref_s) == (50.0, 10.0, 9.0)
+    assert (res.update_actor_s, res.reshard_s) == (25.0, 4.0)
+    assert res.mfu_pct == pytest.approx(31.0)
+    assert (res.peak_mem_gib, res.peak_mem_reserved_gib) == (60.5, 70.25)
+    assert "verl=0.9.1" in res.versions
+    assert res.extra["metrics"] == "file" and res.extra["step"] == 3
+    assert res.extra["response_mode"] == "natural"
+    assert res.extra["response_length_mean"] == 1536.0
+    assert res.extra["dataset"] == "synthetic"
+    trial = spec.trial_dir.resolve()
+    assert res.log_path == str(trial / "verl.log")
+    assert "step:3 - " in (trial / "verl.log").read_text()
+    assert (trial / "verl-tuner").is_dir()
+    cmd = (trial / "command.sh").read_text()
+    assert "trainer.total_training_steps=3" in cmd and "VERL_FILE_LOGGER_ROOT" in cmd
+    data = tmp_path / "results" / "study" / "data"
+    (ds,) = data.iterdir()
+    assert (ds / "train.parquet").is_file() and (ds / "reward.py").is_file()
+    assert f"data.train_files={ds / 'train.parquet'}" in cmd
+
+
+def test_oom_is_a_row_with_its_phase(tmp_path: Path) -> None:
+    res = runner("oom").run(spec_for(tmp_path))
+    assert res.status is Status.OOM
+    assert res.reason.startswith("CUDA OOM in update_actor")
+    assert res.extra["failure"] == "oom" and res.extra["phase"] == "update_actor"
+    assert res.extra["last_step"] == 1
+    assert res.tokens_per_s_per_gpu is None and res.value is None
+
+
+def test_a_killed_run_is_failed_with_its_exit(tmp_path: Path) -> None:
+    res = runner("die").run(spec_for(tmp_path))
+    assert res.status is Status.FAILED
+    assert res.reason.startswith("exit -9")
+
+
+def test_config_error(tmp_path: Path) -> None:
+    res = runner("config").run(spec_for(tmp_path))
+    assert res.status is Status.FAILED
+    assert res.extra["failure"] == "config-error"
+    assert "grad_offload" in res.reason
+
+
+def test_a_hang_ends_as_timeout_and_the_process_is_gone(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path, timeout_s=6)
+    res = runner("hang").run(spec)
+    assert res.status is Status.TIMEOUT
+    assert "last step logged: 1" in res.reason
+    pid = int((spec.trial_dir / "fake_verl.pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_grad_offload_without_param_offload_is_not_run(tmp_path: Path) -> None:
+    res = runner("ok").run(spec_for(tmp_path, grad_offload=True))
+    assert res.status is Status.PRUNED_INVALID
+    assert "param_offload" in res.reason
+    assert not (tmp_path / "results").exists()
+
+
+def test_users_dataset_and_reward(tmp_path: Path) -> None:
+    train = tmp_path / "mine" / "train.parquet"
+    train.parent.mkdir()
+    train.write_bytes(b"PAR1")
+    (train.parent / "reward.py").write_text("def compute_score(**kw):\n    return 0.0\n")
+    spec = spec_for(tmp_path)
+    res = runner("ok", train_file=train).run(spec)
+    assert res.status is Status.OK
+    cmd = (spec.trial_dir / "command.sh").read_text()
+    assert f"reward.custom_reward_function.path={train.parent / 'reward.py'}" in cmd
+    assert res.extra["dataset"] == str(train)
+
+
+# --------------------------------------------------------------------------------------------
+# GPUs seen, and the CLI
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An nvidia-smi stand-in on PATH that lists two H100s."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "nvidia-smi"
+    exe.write_text(
+        "#!/usr/bin/env bash\n"
+        'echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"\n'
+        'echo "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1)"\n'
+    )
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return exe
+
+
+def test_local_launcher_counts_gpus(nvidia_smi: Path) -> None:
+    assert count_local_gpus() == 2
+    r = runner("ok")
+    r.check_available(Cluster(gpu=get_gpu("h100"), num_gpus=2))
+    with pytest.raises(UserError, match="sees 2 GPU.*asks for 8"):
+        r.check_available(Cluster(gpu=get_gpu("h100"), num_gpus=8))
+    with pytest.raises(UserError, match="needs 2 nodes: use --launcher ray"):
+        r.check_available(Cluster(gpu=get_gpu("h100"), num_gpus=16))
+
+
+def test_runner_options_are_checked() -> None:
+    with pytest.raises(UserError, match="--model-path"):
+        make_runner("verl")
+    with pytest.raises(UserError, match="--ray-address"):
+        make_runner("verl", model_path="/m", launcher="ray")
+    with pytest.raises(UserError, match="dashboard address"):
+        make_runner("verl", model_path="/m", launcher="ray", ray_address="ray://head:10001")
+    with pytest.raises(UserError, match="does not exist"):
+        make_runner("verl", model_path="/nowhere/model").check_available(
+            Cluster(gpu=get_gpu("h100"), num_gpus=1)
+        )
+
+
+def test_tune_refuses_more_gpus_than_it_sees(
+    workdir: Path, nvidia_smi: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = workdir / "model"
+    model.mkdir()
+    argv = ["--model", "qwen2.5-7b", "--gpus", "8", "--runner", "verl", "--no-progress"]
+    assert main([*argv, "--model-path", str(model)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sees 2 GPU(s), --gpus asks for 8" in err[0]
+    assert main([*argv]) == 2
+    assert "--model-path" in capsys.readouterr().err
+
+
+def test_cli_passes_the_verl_options(monkeypatch: pytest.MonkeyPatch, workdir: Path) -> None:
+    seen: dict[str, object] = {}
+
+    def fake_make_runner(name: str, **options: object) -> object:
+        seen.update(options, name=name)
+        raise UserError("stop here")
+
+    monkeypatch.setattr("tuner.runners.make_runner", fake_make_runner)
+    argv = ["--model", "qwen2.5-7b", "--gpus", "16", "--runner", "verl", "--launcher", "slurm"]
+    argv += ["--model-path", "/m", "--slurm-partition", "gpu", "--slurm-arg=--qos=high"]
+    assert main([*argv, "--slurm-setup", "source /venv/bin/activate", "--no-progress"]) == 2
+    assert seen["name"] == "verl" and seen["launcher"] == "slurm"
+    assert seen["model_path"] == "/m" and seen["slurm_partition"] == "gpu"
+    assert seen["slurm_args"] == ["--qos=high"]
+    assert seen["slurm_setup"] == "source /venv/bin/activate"
+    assert verl_command.CONFIG_NAME == "ppo_megatron_trainer"

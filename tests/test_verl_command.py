@@ -1,0 +1,278 @@
+"""Every override the tuner can emit composes against the installed verl's own Hydra config
+(`ppo_megatron_trainer`) and passes the checks verl runs before it starts anything.
+
+Candidates come from tuner.space.sample() with a seeded RandomSuggester over several models,
+clusters and workloads; a greedy cover keeps the candidates that add a knob value not seen yet,
+and the test first asserts that the pool holds every value the sampler can produce, so no knob
+value escapes the composition."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner import verl_command
+from tuner.hardware import Cluster, get_gpu
+from tuner.models import get_model
+from tuner.space import (
+    BATCHED_TOKEN_FACTORS,
+    GPU_MEMORY_UTILIZATIONS,
+    RECOMPUTE_GRANULARITIES,
+    RECOMPUTE_METHODS,
+    Candidate,
+    RandomSuggester,
+    SearchSpace,
+    sample,
+)
+from tuner.workload import get_workload
+
+pytestmark = pytest.mark.verl
+hydra = pytest.importorskip("hydra")
+verl = pytest.importorskip("verl")
+
+CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"
+SETUPS = (
+    # (model, GPUs, GPUs per node): one node, two nodes with MoE, a partial node
+    ("qwen2.5-7b", 8, 8),
+    ("qwen3-30b-moe", 16, 8),
+    ("llama3.1-8b", 4, 8),
+)
+WORKLOADS = ("dapo-math", "grpo-short", "ppo-gsm8k")
+POOL_PER_SETUP = 120
+
+
+def _helpers() -> Any:
+    """tests/verl_helpers.py, loaded by path (tests/ is not a package)."""
+    path = Path(__file__).resolve().parents[0] / "verl_helpers.py"
+    spec = importlib.util.spec_from_file_location("verl_helpers", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+H = _helpers()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """PPO's critic config loads the model's config.json and tokenizer when verl validates it."""
+    return H.write_tiny_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def compose() -> Iterator[Callable[[list[str]], Any]]:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        yield lambda ov: hydra_compose(config_name=verl_command.CONFIG_NAME, overrides=ov)
+
+
+def _features(c: Candidate, algorithm: str, nnodes: int) -> set[tuple[str, Any]]:
+    rec = c.to_record()
+    rec.pop("train_parallel")
+    if not c.use_dynamic_bsz:
+        rec.pop("ppo_max_token_len_per_gpu")
+        rec.pop("log_prob_max_token_len_per_gpu")
+    else:
+        rec.pop("ppo_micro_batch_size_per_gpu")
+        rec.pop("log_prob_micro_batch_size_per_gpu")
+    rec.pop("max_num_batched_tokens")
+    return {*rec.items(), ("algorithm", algorithm), ("nnodes", nnodes)}
+
+
+def _pool() -> list[tuple[Candidate, Any, Cluster, Any, set[tuple[str, Any]]]]:
+    rng = random.Random(20251122)
+    pool = []
+    for model_name, gpus, per_node in SETUPS:
+        m = get_model(model_name)
+        cl = Cluster(gpu=get_gpu("h100"), num_gpus=gpus, gpus_per_node=per_node)
+        for wname in WORKLOADS:
+            w = get_workload(wname)
+            space = SearchSpace(model=m, cluster=cl, workload=w)
+            for _ in range(POOL_PER_SETUP // len(WORKLOADS)):
+                c = sample(RandomSuggester(rng), space)
+                pool.append((c, m, cl, w, _features(c, w.algorithm, cl.num_nodes)))
+    return pool
+
+
+def _cover(pool: list[Any]) -> list[Any]:
+    """Greedy set cover of the pool's (knob, value) features."""
+    seen: set[tuple[str, Any]] = set()
+    chosen = []
+    while True:
+        best = max(pool, key=lambda p: len(p[4] - seen))
+        if not best[4] - seen:
+            return chosen
+        chosen.append(best)
+        seen |= best[4]
+
+
+POOL = _pool()
+CHOSEN = _cover(POOL)
+
+
+def test_pool_holds_every_value_the_sampler_offers() -> None:
+    seen: dict[str, set[Any]] = {}
+    for _c, _m, _cl, _w, feats in POOL:
+        for k, v in feats:
+            seen.setdefault(k, set()).add(v)
+    for knob in (
+        "sequence_parallel",
+        "param_offload",
+        "grad_offload",
+        "optimizer_offload",
+        "use_fused_kernels",
+        "use_dynamic_bsz",
+    ):
+        assert seen[knob] == {True, False}, knob
+    assert seen["recompute_granularity"] == set(RECOMPUTE_GRANULARITIES)
+    assert seen["recompute_method"] == set(RECOMPUTE_METHODS)
+    assert seen["gpu_memory_utilization"] == set(GPU_MEMORY_UTILIZATIONS)
+    assert seen["algorithm"] == {"grpo", "dapo", "ppo"}
+    assert seen["nnodes"] == {1, 2}
+    for degree in ("tp", "pp", "vpp", "cp", "ep", "etp"):
+        assert max(seen[degree]) > 1, degree
+    assert seen["rollout_tp"] >= {1, 2, 4, 8}
+    assert max(seen["recompute_num_layers"]) > 1
+    assert len(BATCHED_TOKEN_FACTORS) >= 1
+    assert {1, 2, 4, 8} <= seen["ppo_micro_batch_size_per_gpu"]
+    assert {1, 16} <= seen["log_prob_micro_batch_size_per_gpu"]
+
+
+def _overrides(c: Candidate, m: Any, cl: Cluster, w: Any, model_dir: Path) -> dict[str, Any]:
+    return verl_command.overrides(
+        c,
+        m,
+        cl,
+        w,
+        model_path=str(model_dir),
+        train_file="/data/synthetic/train.parquet",
+        reward_fn="/data/synthetic/reward.py",
+        nnodes=cl.num_nodes,
+        experiment="compose-test",
+    )
+
+
+@pytest.mark.parametrize("index", range(len(CHOSEN)))
+def test_overrides_compose_and_pass_verls_checks(
+    index: int, compose: Callable[[list[str]], Any], model_dir: Path
+) -> None:
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    c, m, cl, w, _ = CHOSEN[index]
+    ov = _overrides(c, m, cl, w, model_dir)
+    cfg = compose(verl_command.override_args(ov))
+
+    # Every value arrives as verl reads it (Hydra parsed our formatting back to the value).
+    for key, value in ov.items():
+        got = OmegaConf.select(cfg, key.lstrip("+"))
+        got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+        want = list(value) if isinstance(value, tuple) else value
+        assert got == want, (key, got, want)
+
+    # What main_ppo checks before Ray starts; then the rollout config's dataclass, and the
+    # asserts verl's engine worker makes on the log-prob settings (engine_workers.init_model).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        validate_config(cfg, need_reference_policy(cfg), need_critic(cfg))
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.megatron)
+    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    assert a.use_dynamic_bsz == r.log_prob_use_dynamic_bsz
+    if a.use_dynamic_bsz:
+        assert r.log_prob_max_token_len_per_gpu is not None and a.ppo_max_token_len_per_gpu
+    else:
+        assert r.log_prob_micro_batch_size_per_gpu and a.ppo_micro_batch_size_per_gpu
+    assert need_reference_policy(cfg) == verl_command.uses_reference_model(w)
+    assert need_critic(cfg) == (w.algorithm == "ppo")
+    # The ref follows the actor's layout and recompute settings.
+    ref = cfg.actor_rollout_ref.ref.megatron
+    for k in (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+    ):
+        assert ref[k] == a.megatron[k]
+    assert ref.override_transformer_config == a.megatron.override_transformer_config
+    assert cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node == cl.num_gpus
+
+
+def test_plus_prefix_exactly_where_verl_has_no_key(
+    compose: Callable[[list[str]], Any], model_dir: Path
+) -> None:
+    """A key without `+` must exist in verl's config, one with `+` must not: so the overrides
+    neither invent keys nor rely on Hydra appending over a null."""
+    from omegaconf import OmegaConf
+
+    base = compose([])
+    keys = {k for c, m, cl, w, _ in CHOSEN for k in _overrides(c, m, cl, w, model_dir)}
+    for key in sorted(keys):
+        parent, _, last = key.lstrip("+").rpartition(".")
+        node = OmegaConf.select(base, parent)
+        present = OmegaConf.is_dict(node) and last in list(node)  # `in` skips ??? values
+        assert present != key.startswith("+"), key
+
+
+def test_an_unknown_key_or_bad_value_fails(compose: Callable[[list[str]], Any]) -> None:
+    """The harness itself: what the runner would hit at launch fails here."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="grad_offload"):
+        compose(["actor_rollout_ref.actor.megatron.grad_offload=True"])
+    with pytest.raises(ConfigCompositionException):
+        compose(
+            ["+actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=x"]
+        )
+
+
+def test_values_that_need_quoting_round_trip(compose: Callable[[list[str]], Any]) -> None:
+    paths = ["/data/my data/train.parquet", "~/m", "/p/a=b,c", "it's"]
+    for p in paths:
+        cfg = compose([f"data.train_files={verl_command.format_value(p)}"])
+        assert cfg.data.train_files == p
+
+
+def test_ppo_critic_mirrors_the_actor_layout() -> None:
+    m, cl, w = get_model("qwen2.5-7b"), Cluster(gpu=get_gpu("h100"), num_gpus=8), None
+    w = get_workload("ppo-gsm8k")
+    space = SearchSpace(model=m, cluster=cl, workload=w)
+    c = sample(RandomSuggester(random.Random(3)), space)
+    ov = verl_command.overrides(c, m, cl, w)
+    for key, v in ov.items():
+        if key.startswith("actor_rollout_ref.actor.megatron."):
+            assert ov["critic.megatron." + key.split(".megatron.", 1)[1]] == v
+    assert ov["critic.model.path"] == "${MODEL_PATH}"
+
+
+def test_fixed_response_length_when_the_mean_is_the_max() -> None:
+    w = get_workload("grpo-short")
+    assert verl_command.workload_overrides(w)["actor_rollout_ref.rollout.ignore_eos"] is False
+    fixed = w.with_overrides(response_mean=w.response_len)
+    assert verl_command.workload_overrides(fixed)["actor_rollout_ref.rollout.ignore_eos"] is True
+
+
+def test_no_dead_keys() -> None:
+    """Keys verl 0.9 ignores or that would change what is measured are not emitted."""
+    m, cl, w = get_model("qwen2.5-7b"), Cluster(gpu=get_gpu("h100"), num_gpus=8), None
+    w = get_workload("dapo-math")
+    c = sample(RandomSuggester(random.Random(0)), SearchSpace(model=m, cluster=cl, workload=w))
+    ov = verl_command.overrides(c, m, cl, w)
+    assert "actor_rollout_ref.rollout.load_format" not in ov  # verl's `dummy` + weight sync
+    assert "data.truncation" not in ov  # unused by verl 0.9's dataset
+    assert ov["trainer.resume_mode"] == "disable"  # never resume an old checkpoint
+    assert ov["trainer.save_freq"] == -1 and ov["trainer.test_freq"] == -1
+    assert ov["trainer.val_before_train"] is False
+    assert ov["trainer.logger"] == ["console", "file"]
+    assert not any(k.startswith("actor_rollout_ref.ref.") for k in ov)  # DAPO: no reference
+    assert os.fspath(verl_command.metrics_path(Path("/t"), "e")) == "/t/verl-tuner/e.jsonl"

@@ -1,0 +1,234 @@
+"""A synthetic RL workload for performance runs: a parquet file of prompts of a controlled token
+length and a trivial reward function beside it, so that a verl trial needs only a model path.
+
+The files follow what verl 0.9's `RLHFDataset` and reward loop read: columns `data_source`,
+`prompt` (chat messages), `ability`, `reward_model` ({style, ground_truth}) and `extra_info`
+({split, index}); `reward.py` defines `compute_score(data_source, solution_str, ground_truth,
+extra_info)` for `reward.custom_reward_function.path`.
+
+Prompt length: with the model's tokenizer, every prompt is built to the target length after
+the chat template (`apply_chat_template(..., add_generation_prompt=True)`, as verl's agent loop
+tokenizes). Without one, each prompt holds more words than the target has tokens (every word of
+the list is at least one token), and verl's agent loop left-truncates it to `max_prompt_length`,
+so prompts are exactly the maximum; a shorter target is then approximate (one token per word).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from tuner.errors import UserError
+
+SCHEMA_VERSION = 1
+DATA_SOURCE = "verl-tuner/synthetic"
+TRAIN_FILE = "train.parquet"
+REWARD_FILE = "reward.py"
+META_FILE = "meta.json"
+TRUNCATION_MARGIN_WORDS = 32
+"""Extra words when prompts are cut to the maximum by verl: covers a chat template's tokens."""
+
+REWARD_SOURCE = '''\
+"""verl-tuner's reward for performance runs: a deterministic score in [0, 1) from the response
+text. It costs next to nothing and differs between the responses to one prompt, so GRPO groups
+have a non-zero advantage and the actor update does real work."""
+
+import zlib
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return (zlib.crc32(solution_str.encode("utf-8", "replace")) % 1000) / 1000.0
+'''
+
+_WORD_TEXT = """
+    the of and to in is was for on that with as by at from his it an were are which be this has
+    or had not but first one their its new after who they have her she two been other when
+    there all during into school time may years more most only over city some world would where
+    later up such used many can state about national out known university united then made film
+    three also under between these season team well year will age river game part group house
+    water north south east west home music life book work line high long day small large great
+    old young early late good best last next same each both few every much number people family
+    name place area town road park field light power money point body order case week month
+    hour side head hand eye face word story form level land air fire wood stone iron gold blue
+    green red black white open close run walk read write play sing call give take make find
+    keep hold move turn show try ask tell feel seem leave put mean become begin help talk start
+    stand bring lose pay meet set learn change lead build
+"""
+WORDS = tuple(_WORD_TEXT.split())
+"""Common English words; each is one token (with its leading space) in the usual BPE vocabularies
+and never less than one."""
+
+
+class ChatTokenizer(Protocol):
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Dataset:
+    """The data a verl trial trains on."""
+
+    train_file: Path
+    reward_fn: Path | None
+    """A file with compute_score(), or None for verl's built-in scorer of each data_source."""
+    synthetic: bool
+    prompt_tokens: int = 0
+    """Synthetic: the target prompt length in tokens, chat template included."""
+    exact: bool = False
+    """Synthetic: whether every prompt was built to the target length with the tokenizer (or is
+    cut to it by verl, when the target is the maximum)."""
+
+    def describe(self) -> dict[str, Any]:
+        """For the trial's `extra` column."""
+        if not self.synthetic:
+            return {"dataset": str(self.train_file)}
+        return {
+            "dataset": "synthetic",
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens_exact": self.exact,
+        }
+
+
+def user_dataset(train_file: Path, reward_fn: Path | None = None) -> Dataset:
+    """The user's own parquet; its reward is `reward_fn`, else reward.py beside it if present,
+    else verl's built-in scorer (the same rule as a recipe's REWARD_FN)."""
+    if reward_fn is None and (train_file.parent / REWARD_FILE).is_file():
+        reward_fn = train_file.parent / REWARD_FILE
+    return Dataset(train_file=train_file, reward_fn=reward_fn, synthetic=False)
+
+
+def load_tokenizer(model_path: str | Path) -> tuple[ChatTokenizer | None, str]:
+    """The model's tokenizer if it can be loaded here (a local folder, transformers installed,
+    a chat template present); else None and why. Hub ids are not fetched."""
+    if not Path(model_path).expanduser().is_dir():
+        return None, f"{model_path} is not a folder on this machine"
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return None, "transformers is not installed"
+    try:
+        tok = AutoTokenizer.from_pretrained(str(Path(model_path).expanduser()))
+    except Exception as e:  # a missing path, an unknown tokenizer class, a gated repo, ...
+        return None, f"cannot load a tokenizer from {model_path}: {type(e).__name__}"
+    if not getattr(tok, "chat_template", None):
+        return None, f"the tokenizer at {model_path} has no chat template"
+    return tok, ""
+
+
+def _prompt_len(tok: ChatTokenizer, text: str) -> int:
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+    )
+    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return len(ids)
+
+
+def _exact_words(
+    tok: ChatTokenizer, rng: random.Random, target: int, overhead: int
+) -> tuple[list[str], bool]:
+    words = [rng.choice(WORDS) for _ in range(max(1, target - overhead))]
+    for _ in range(8):
+        n = _prompt_len(tok, " ".join(words))
+        if n == target:
+            return words, True
+        if n < target:
+            words += [rng.choice(WORDS) for _ in range(target - n)]
+        elif len(words) > 1:
+            del words[max(1, len(words) - (n - target)) :]
+        else:
+            break
+    return words, _prompt_len(tok, " ".join(words)) == target
+
+
+def write_synthetic(
+    root: Path,
+    *,
+    prompt_tokens: int,
+    max_prompt_len: int,
+    rows: int,
+    seed: int = 0,
+    tokenizer: ChatTokenizer | None = None,
+) -> Dataset:
+    """Write (once) `root/<name>/train.parquet` and `reward.py`; return where they are.
+
+    The folder is built aside and renamed into place, so concurrent trials and a kill at any
+    moment leave either no folder or a whole one."""
+    if not 1 <= prompt_tokens <= max_prompt_len:
+        raise ValueError(f"prompt_tokens({prompt_tokens}) must lie in 1..{max_prompt_len}")
+    if rows < 1:
+        raise ValueError(f"rows({rows}) must be at least 1")
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError(
+            "the synthetic dataset needs pyarrow: pip install 'verl-tuner[verl]'"
+        ) from None
+    by_truncation = tokenizer is None and prompt_tokens == max_prompt_len
+    mode = "tok" if tokenizer is not None else ("cut" if by_truncation else "words")
+    name = f"synthetic-p{prompt_tokens}-m{max_prompt_len}-r{rows}-s{seed}-{mode}"
+    final = root / name
+    if (final / META_FILE).is_file():
+        meta = json.loads((final / META_FILE).read_text())
+        return _dataset(final, meta)
+
+    rng = random.Random(seed)
+    overhead = _prompt_len(tokenizer, "") if tokenizer is not None else 0
+    prompts: list[list[dict[str, str]]] = []
+    exact = True
+    for _ in range(rows):
+        if tokenizer is not None:
+            words, ok = _exact_words(tokenizer, rng, prompt_tokens, overhead)
+            exact = exact and ok
+        else:
+            count = prompt_tokens + (TRUNCATION_MARGIN_WORDS if by_truncation else 0)
+            words = [rng.choice(WORDS) for _ in range(count)]
+        prompts.append([{"role": "user", "content": " ".join(words)}])
+    exact = exact if tokenizer is not None else by_truncation
+    table = pa.table(
+        {
+            "data_source": [DATA_SOURCE] * rows,
+            "prompt": prompts,
+            "ability": ["synthetic"] * rows,
+            "reward_model": [{"style": "rule", "ground_truth": ""}] * rows,
+            "extra_info": [{"split": "train", "index": i} for i in range(rows)],
+        }
+    )
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "prompt_tokens": prompt_tokens,
+        "max_prompt_len": max_prompt_len,
+        "rows": rows,
+        "seed": seed,
+        "exact": exact,
+        "length_by": mode,
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        pq.write_table(table, tmp / TRAIN_FILE)
+        (tmp / REWARD_FILE).write_text(REWARD_SOURCE)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+        with contextlib.suppress(FileExistsError, OSError):
+            os.rename(tmp, final)  # fails if another trial got there first: keep theirs
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _dataset(final, json.loads((final / META_FILE).read_text()))
+
+
+def _dataset(folder: Path, meta: dict[str, Any]) -> Dataset:
+    return Dataset(
+        train_file=folder / TRAIN_FILE,
+        reward_fn=folder / REWARD_FILE,
+        synthetic=True,
+        prompt_tokens=int(meta["prompt_tokens"]),
+        exact=bool(meta["exact"]),
+    )

@@ -1,0 +1,72 @@
+"""Run the job as a subprocess on this node (verl starts a Ray instance of its own)."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+
+from tuner.errors import UserError
+from tuner.runners.launchers.base import Job, Launcher, LaunchResult
+from tuner.runners.process import Launch, run_process
+
+LOCAL_RAY_ENV = {"RAY_ADDRESS": "local"}
+"""verl's `ray.init()` would join a Ray instance already running on this node (found through
+/tmp/ray/ray_current_cluster), where the job's environment does not reach the workers; `local`
+makes it start its own, whose workers inherit this environment."""
+
+
+def count_local_gpus() -> int:
+    """NVIDIA GPUs on this node, as `nvidia-smi -L` lists them (0 without nvidia-smi)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    if out.returncode != 0:
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+class LocalLauncher(Launcher):
+    name = "local"
+
+    def __init__(self, launch: Launch = run_process) -> None:
+        self._launch = launch
+
+    def launch(self, job: Job) -> LaunchResult:
+        if job.nnodes > 1:
+            raise ValueError(f"the local launcher runs one node, the job needs {job.nnodes}")
+        cmd = list(job.cmd)
+        if job.prologue:
+            cmd = ["bash", "-c", f"{job.prologue}; exec {shlex.join(cmd)}"]
+        res = self._launch(
+            cmd,
+            log_path=job.log_path,
+            timeout_s=job.timeout_s,
+            env={**LOCAL_RAY_ENV, **job.env},
+            cwd=job.workdir,
+        )
+        return LaunchResult(
+            returncode=res.returncode,
+            timed_out=res.timed_out,
+            duration_s=res.duration_s,
+            log_path=res.log_path,
+            state="timeout" if res.timed_out else f"exit {res.returncode}",
+        )
+
+    def gpus_visible(self) -> int | None:
+        return count_local_gpus()
+
+    def check(self, gpus: int, nnodes: int) -> None:
+        if nnodes > 1:
+            raise UserError(
+                f"--launcher local runs on this node only, and --gpus {gpus} needs {nnodes} "
+                "nodes: use --launcher ray (--ray-address) or --launcher slurm"
+            )
+        super().check(gpus, nnodes)
+
+    def more_gpus_hint(self) -> str:
+        return "lower --gpus, or use --launcher ray or slurm to reach more GPUs"

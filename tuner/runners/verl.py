@@ -1,0 +1,345 @@
+"""The verl runner: each trial runs verl's `main_ppo` with the `ppo_megatron_trainer` config for
+3 training steps, on this node, a Ray cluster or a Slurm allocation, and reads the 3rd step.
+
+One trial, in order (each step a plain function of the previous one's output):
+  1. the data: the user's parquet, or a synthetic one written once per study under
+     results/<study>/data/ (tuner.dataset);
+  2. the command: verl_command.overrides() with this trial's paths (the same mapping a recipe
+     uses, so `tune export` reproduces the row), written to trials/<n>/command.sh;
+  3. the launch: launchers/ run it with a timeout, the log kept as trials/<n>/verl.log;
+  4. the result: the step metrics from verl's file logger (trials/<n>/verl-tuner/<exp>.jsonl),
+     else its console lines; a failure's cause from the log (verl_log.classify).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tuner import verl_command
+from tuner.dataset import (
+    ChatTokenizer,
+    Dataset,
+    load_tokenizer,
+    user_dataset,
+    write_synthetic,
+)
+from tuner.errors import UserError
+from tuner.hardware import Cluster
+from tuner.recipes import experiment_name
+from tuner.results import Status, TrialResult
+from tuner.runners.base import Runner, TrialSpec
+from tuner.runners.launchers import (
+    Job,
+    Launcher,
+    LaunchResult,
+    LocalLauncher,
+    RayLauncher,
+    SlurmLauncher,
+)
+from tuner.runners.launchers.slurm import require_slurm
+from tuner.runners.process import Launch, run_process
+from tuner.runners.verl_log import (
+    MEASURED_STEP,
+    classify,
+    last_exception,
+    last_step,
+    measures,
+    read_console,
+    read_jsonl,
+)
+
+LOG_NAME = "verl.log"
+COMMAND_NAME = "command.sh"
+LOG_TAIL_BYTES = 4_000_000
+"""How much of the end of a log is searched for a failure's cause."""
+PACKAGES = ("verl", "vllm", "megatron-core", "torch", "ray", "transformers")
+_PROBE_PY = (
+    "import importlib.metadata as md\n"
+    "def v(p):\n"
+    "    try:\n"
+    "        return md.version(p)\n"
+    "    except Exception:\n"
+    "        return '-'\n"
+    f"print('verl-tuner versions:', ' '.join(f'{{p}}={{v(p)}}' for p in {PACKAGES!r}))\n"
+)
+_PROBE_GPU = (
+    "nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 "
+    "| sed 's/^/verl-tuner gpu: /'"
+)
+_VERSIONS = re.compile(r"verl-tuner versions: (.*)$", re.M)
+_GPU = re.compile(r"verl-tuner gpu: (.*)$", re.M)
+
+
+def probe_line(python: str) -> str:
+    """A shell line that prints the versions and the GPU where the command runs."""
+    return f"{shlex.quote(python)} -c {shlex.quote(_PROBE_PY)}; {_PROBE_GPU}; true"
+
+
+class VerlRunner(Runner):
+    """Runs real verl trials; see the module docstring.
+
+    Responses: the workload's `response_mean == response_len` means fixed-length responses
+    (vLLM ignores EOS, every response is `response_len` tokens); otherwise the model stops
+    where it stops. The row's `extra` says which, with the measured mean lengths."""
+
+    name = "verl"
+
+    def __init__(
+        self,
+        *,
+        model_path: str | None = None,
+        launcher: str | Launcher = "local",
+        ray_address: str | None = None,
+        train_file: str | Path | None = None,
+        reward_fn: str | Path | None = None,
+        slurm_partition: str | None = None,
+        slurm_account: str | None = None,
+        slurm_args: Sequence[str] = (),
+        slurm_setup: str = "",
+        python: str | None = None,
+        steps: int = MEASURED_STEP,
+        entrypoint: Sequence[str] | None = None,
+        launch: Launch | None = None,
+    ) -> None:
+        if not model_path:
+            raise UserError(
+                "--runner verl needs --model-path: a copy of the model's Hugging Face weights "
+                "that every node can read"
+            )
+        self.model_path = str(model_path)
+        self.launcher = self._make_launcher(
+            launcher,
+            ray_address=ray_address,
+            launch=launch,
+            slurm=dict(
+                partition=slurm_partition,
+                account=slurm_account,
+                sbatch_args=tuple(slurm_args),
+                setup=slurm_setup,
+            ),
+        )
+        local = self.launcher.name == "local"
+        self.python = python or (sys.executable if local else "python3")
+        self.entrypoint = (
+            tuple(entrypoint)
+            if entrypoint is not None
+            else (self.python, *verl_command.ENTRYPOINT[1:])
+        )
+        self.train_file = Path(train_file).expanduser().resolve() if train_file else None
+        self.reward_fn = Path(reward_fn).expanduser().resolve() if reward_fn else None
+        self.steps = steps
+        self._tokenizer: tuple[ChatTokenizer | None, str] | None = None
+
+    @staticmethod
+    def _make_launcher(
+        launcher: str | Launcher,
+        *,
+        ray_address: str | None,
+        launch: Launch | None,
+        slurm: dict[str, Any],
+    ) -> Launcher:
+        if isinstance(launcher, Launcher):
+            return launcher
+        if launcher == "local":
+            return LocalLauncher(launch or run_process)
+        if launcher == "ray":
+            if not ray_address:
+                raise UserError(
+                    "--launcher ray needs --ray-address: the cluster's dashboard, "
+                    "e.g. http://head-node:8265"
+                )
+            return RayLauncher(ray_address)
+        if launcher == "slurm":
+            return SlurmLauncher(**slurm)
+        raise UserError(f"unknown launcher {launcher!r}: use local, ray or slurm")
+
+    # ----------------------------------------------------------------------------------------
+
+    def check_available(self, cluster: Cluster) -> None:
+        if isinstance(self.launcher, SlurmLauncher):
+            require_slurm()
+        local_path = self.launcher.name == "local" and _looks_local(self.model_path)
+        if local_path and not Path(self.model_path).expanduser().exists():
+            raise UserError(f"--model-path {self.model_path} does not exist on this node")
+        if self.train_file is not None and not self.train_file.is_file():
+            raise UserError(f"--train-file {self.train_file} is not a file")
+        self.launcher.check(cluster.num_gpus, cluster.num_nodes)
+
+    def command(self, spec: TrialSpec, data: Dataset) -> list[str]:
+        """The exact command of the trial (recipes render the same overrides)."""
+        c, m, cl, w = spec.candidate, spec.model, spec.cluster, spec.workload
+        ov = verl_command.overrides(
+            c,
+            m,
+            cl,
+            w,
+            steps=self.steps,
+            model_path=self.model_path,
+            train_file=str(data.train_file),
+            reward_fn=str(data.reward_fn) if data.reward_fn else "null",
+            nnodes=cl.num_nodes,
+            experiment=experiment_name(c, m, cl),
+        )
+        return [*self.entrypoint, *verl_command.override_args(ov)]
+
+    def dataset(self, spec: TrialSpec) -> Dataset:
+        """The user's data, or the study's synthetic data (written by the first trial)."""
+        if self.train_file is not None:
+            return user_dataset(self.train_file, self.reward_fn)
+        w = spec.workload
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.model_path)
+        target = max(1, min(w.prompt_len, round(w.mean_prompt_len)))
+        ds = write_synthetic(
+            spec.trial_dir.resolve().parent.parent / "data",
+            prompt_tokens=target,
+            max_prompt_len=w.prompt_len,
+            rows=w.batch_size * self.steps,
+            tokenizer=self._tokenizer[0],
+        )
+        return replace(ds, reward_fn=self.reward_fn) if self.reward_fn else ds
+
+    def run(self, spec: TrialSpec) -> TrialResult:
+        c = spec.candidate
+        if c.grad_offload != c.param_offload:
+            return TrialResult(
+                status=Status.PRUNED_INVALID,
+                source=self.name,
+                reason="verl 0.9 offloads gradients together with parameters "
+                "(megatron.param_offload): grad_offload must equal param_offload",
+            )
+        trial_dir = spec.trial_dir.resolve()
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        data = self.dataset(spec)
+        cmd = self.command(spec, data)
+        env = {
+            verl_command.METRICS_ROOT_ENV: str(trial_dir),
+            "HYDRA_FULL_ERROR": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        (trial_dir / COMMAND_NAME).write_text(
+            "#!/usr/bin/env bash\n# the verl command of this trial, as the tuner ran it\n"
+            + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+            + " \\\n    ".join(shlex.quote(a) for a in cmd)
+            + "\n"
+        )
+        job = Job(
+            name=f"verl-tuner-t{spec.number}",
+            cmd=cmd,
+            env=env,
+            log_path=trial_dir / LOG_NAME,
+            timeout_s=spec.timeout_s,
+            nnodes=spec.cluster.num_nodes,
+            gpus_per_node=spec.cluster.local_gpus,
+            prologue=probe_line(self.python),
+            workdir=trial_dir,
+        )
+        res = self.launcher.launch(job)
+        metrics_file = verl_command.metrics_path(
+            trial_dir, experiment_name(c, spec.model, spec.cluster)
+        )
+        return self.result(spec, data, res, metrics_file)
+
+    # ----------------------------------------------------------------------------------------
+
+    def result(
+        self, spec: TrialSpec, data: Dataset, res: LaunchResult, metrics_file: Path
+    ) -> TrialResult:
+        """The trial's row from what the launch left: metrics file, log, exit."""
+        log = _tail(res.log_path)
+        head = _head(res.log_path)
+        steps = read_jsonl(metrics_file)
+        source = "file"
+        if not steps:
+            steps, source = read_console(log), "console"
+        got = measures(steps, self.steps)
+        w = spec.workload
+        extra: dict[str, Any] = {
+            "launcher": self.launcher.name,
+            "response_mode": "fixed" if verl_command.fixed_response_length(w) else "natural",
+            **data.describe(),
+        }
+        if res.job_id:
+            extra["job_id"] = res.job_id
+        if res.queued_s >= 1:
+            extra["queued_s"] = round(res.queued_s, 1)
+        common: dict[str, Any] = {
+            "source": self.name,
+            "hardware": self._hardware(spec, head),
+            "versions": _versions(head),
+            "log_path": str(res.log_path),
+        }
+        if got is not None:
+            extra.update(got.extra, metrics=source, step=got.step)
+            reason = ""
+            if res.timed_out:
+                reason = f"step {got.step} measured; the run was stopped at the timeout"
+            elif res.returncode not in (0, None):
+                reason = f"step {got.step} measured; verl then exited with {res.returncode}"
+            measured: dict[str, Any] = {**common, **got.fields}
+            return TrialResult(status=Status.OK, reason=reason, extra=extra, **measured)
+        reached = last_step(steps)
+        extra["last_step"] = reached
+        failure = classify(log)
+        if failure is not None:
+            extra["failure"] = failure.kind
+            if failure.phase:
+                extra["phase"] = failure.phase
+            return TrialResult(status=failure.status, reason=failure.reason, extra=extra, **common)
+        if res.timed_out:
+            extra["failure"] = "timeout"
+            return TrialResult(
+                status=Status.TIMEOUT,
+                reason=f"no result within {spec.timeout_s:.0f} s (hang?); last step logged: "
+                f"{reached}",
+                extra=extra,
+                **common,
+            )
+        if res.returncode == 0:
+            why = f"verl exited 0 without logging step {self.steps} (it logged {reached})"
+        elif res.returncode is None:
+            why = f"{self.launcher.name} launch did not run: {res.state or last_exception(log)}"
+        else:
+            why = f"exit {res.returncode}: {last_exception(log) or 'no error in the log'}"
+        extra["failure"] = "error"
+        return TrialResult(status=Status.FAILED, reason=why[:300], extra=extra, **common)
+
+    def _hardware(self, spec: TrialSpec, log: str) -> str:
+        cl = spec.cluster
+        found = _GPU.findall(log)
+        name = found[-1].strip() if found else f"{cl.gpu.name} (as requested)"
+        return f"{cl.num_gpus}x {name}"
+
+
+def _versions(log: str) -> str:
+    found = _VERSIONS.findall(log)
+    return found[-1].strip() if found else ""
+
+
+def _head(path: Path, n_bytes: int = 200_000) -> str:
+    """The start of a log, where the probe printed versions and the GPU."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(n_bytes).decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _tail(path: Path, n_bytes: int = LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - n_bytes))
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith(("/", "./", "../", "~"))

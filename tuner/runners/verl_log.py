@@ -1,0 +1,355 @@
+"""Reading a verl run: step metrics from its `file` logger (JSON lines) or, failing that, from
+its `console` logger lines, and the cause of a failure from its log. Pure text in, records out.
+
+verl 0.9's `FileLogger` (verl/utils/tracking.py) writes one line per `Tracking.log` call:
+`{"step": <int>, "data": {<metric>: <number>, ...}}`; its `LocalLogger` prints
+`step:<n> - <metric>:<value> - ...` (verl/utils/logger/aggregate_logger.py). The trainer logs
+`perf/throughput` (tokens/s/GPU), `perf/time_per_step`, `timing_s/<phase>` (gen, old_log_prob,
+ref, update_actor, update_weights, ...), `perf/max_memory_allocated_gb` and
+`perf/max_memory_reserved_gb` (GiB: bytes / 1024**3), `perf/mfu/actor` (a fraction) and
+`perf/total_num_tokens`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.results import Status
+
+MEASURED_STEP = 3
+"""The step the leaderboards report (the reference runs measure the 3rd step)."""
+
+FIELDS = {
+    "tokens_per_s_per_gpu": "perf/throughput",
+    "step_s": "perf/time_per_step",
+    "generation_s": "timing_s/gen",
+    "old_log_prob_s": "timing_s/old_log_prob",
+    "ref_s": "timing_s/ref",
+    "update_actor_s": "timing_s/update_actor",
+    "reshard_s": "timing_s/update_weights",
+    "peak_mem_gib": "perf/max_memory_allocated_gb",
+    "peak_mem_reserved_gib": "perf/max_memory_reserved_gb",
+}
+"""TrialResult field -> verl metric (same units)."""
+EXTRA = {
+    "total_num_tokens": "perf/total_num_tokens",
+    "response_length_mean": "response_length/mean",
+    "response_length_max": "response_length/max",
+    "response_clip_ratio": "response_length/clip_ratio",
+    "prompt_length_mean": "prompt_length/mean",
+    "reward_s": "timing_s/reward",
+    "adv_s": "timing_s/adv",
+    "values_s": "timing_s/values",
+    "update_critic_s": "timing_s/update_critic",
+    "cpu_memory_used_gb": "perf/cpu_memory_used_gb",
+}
+"""Measures kept in the row's `extra` column."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CONSOLE = re.compile(r"(?:^|\)\s)step:(\d+) - (.*)$")
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, int | float):
+        x = float(v)
+        return None if math.isnan(x) else x
+    return None
+
+
+def read_jsonl(path: Path) -> dict[int, dict[str, float]]:
+    """Step -> metrics from verl's file logger; a torn last line (a killed run) is skipped and
+    lines of the same step are merged."""
+    steps: dict[int, dict[str, float]] = {}
+    try:
+        text = path.read_text(errors="replace")
+    except (FileNotFoundError, IsADirectoryError):
+        return steps
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+            step, data = int(rec["step"]), rec["data"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        row = steps.setdefault(step, {})
+        for k, v in data.items():
+            x = _number(v)
+            if x is not None:
+                row[str(k)] = x
+    return steps
+
+
+def read_console(text: str) -> dict[int, dict[str, float]]:
+    """Step -> metrics from verl's console logger lines (Ray may prefix them with the actor)."""
+    steps: dict[int, dict[str, float]] = {}
+    for line in strip_ansi(text).splitlines():
+        m = _CONSOLE.search(line)
+        if not m:
+            continue
+        row = steps.setdefault(int(m.group(1)), {})
+        for part in m.group(2).split(" - "):
+            key, sep, val = part.rpartition(":")
+            if not sep:
+                continue
+            try:
+                x = float(val)
+            except ValueError:
+                continue
+            if not math.isnan(x):
+                row[key.strip()] = x
+    return steps
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepMeasures:
+    """One step's numbers in TrialResult's units."""
+
+    step: int
+    fields: dict[str, float]
+    """TrialResult field -> value (mfu_pct in percent)."""
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def measures(steps: dict[int, dict[str, float]], step: int = MEASURED_STEP) -> StepMeasures | None:
+    """The step's measures, or None if verl did not log that step's throughput."""
+    data = steps.get(step)
+    if not data or "perf/throughput" not in data:
+        return None
+    out = {f: data[k] for f, k in FIELDS.items() if k in data}
+    if "step_s" not in out and "timing_s/step" in data:
+        out["step_s"] = data["timing_s/step"]
+    if "perf/mfu/actor" in data:
+        out["mfu_pct"] = 100.0 * data["perf/mfu/actor"]
+    extra = {f: data[k] for f, k in EXTRA.items() if k in data}
+    return StepMeasures(step=step, fields=out, extra=extra)
+
+
+def last_step(steps: dict[int, dict[str, float]]) -> int:
+    """The last training step logged (0 when none)."""
+    return max((s for s, d in steps.items() if "perf/throughput" in d), default=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Failures
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Failure:
+    status: Status
+    kind: str
+    """oom, host-oom, nccl-timeout, nccl-error, worker-died, config-error, error."""
+    reason: str
+    phase: str = ""
+    """Where it happened: gen, old_log_prob, ref, update_actor, update_weights, init, or ''."""
+
+
+PHASE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # Most specific first: a ref log-prob runs through the same infer path as old log-probs.
+    ("ref", ("compute_ref_log_prob", "_compute_ref_log_prob")),
+    ("update_weights", ("update_weights", "checkpoint_engine", "sync_rollout_weights")),
+    ("update_actor", ("update_actor", "train_mini_batch", "train_batch", "update_policy")),
+    ("old_log_prob", ("compute_log_prob", "_compute_old_log_prob", "infer_batch")),
+    (
+        "gen",
+        (
+            "generate_sequences",
+            "vLLMHttpServer",
+            "launch_server",
+            "AsyncLLM",
+            "EngineCore",
+            "KV cache",
+            "kv cache",
+            "cache blocks",
+            "gpu_memory_utilization",
+        ),
+    ),
+    ("init", ("init_model", "_build_model", "build_model", "__init__")),
+)
+
+_CUDA_OOM = re.compile(
+    r"CUDA out of memory|torch\.(?:cuda\.)?OutOfMemoryError:|CUDA error: out of memory"
+    r"|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
+)
+_KV_OOM = re.compile(
+    r"larger than the available KV cache memory|No available memory for the cache blocks"
+    r"|insufficient (?:GPU )?memory for (?:the )?KV cache"
+)
+_HOST_OOM = re.compile(
+    r"NODE_OUT_OF_MEMORY|Task was killed due to the node running low on memory"
+    r"|ray\.exceptions\.OutOfMemoryError"
+)
+_NCCL_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout|ProcessGroupNCCL.*[Tt]imeout"
+    r"|NCCL.*timed out|DistStoreError: .*[Tt]imeout"
+)
+_NCCL_ERROR = re.compile(
+    r"NCCL error in:|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError"
+    r"|NCCL communicator was aborted|NCCL error"
+)
+_NCCL_ERROR_CLASS = re.compile(r"DistBackendError")
+_WORKER_DIED = re.compile(
+    r"ActorDiedError|RayActorError|WorkerCrashedError|The actor died unexpectedly"
+    r"|A worker died or was killed|ActorUnavailableError"
+    r"|Worker exit type: (?:SYSTEM_ERROR|USER_ERROR)"
+)
+_WORKER_DIED_MSG = re.compile(
+    r"ActorDiedError:|The actor died unexpectedly|WorkerCrashedError:|RayActorError:"
+)
+_CONFIG = re.compile(
+    r"Could not override '|Could not append to config|Key '[^']*' is not in struct"
+    r"|omegaconf\.errors\.\w+|hydra\.errors\.\w+|ConfigCompositionException|MissingMandatoryValue"
+    r"|Error merging override|in validate_config|LexerNoViableAltException"
+)
+_EXC_LINE = re.compile(r"^(?:[\w.]+\.)?(?:[A-Z]\w*(?:Error|Exception|Exit)|KeyboardInterrupt)\b.*")
+
+
+def _block_before(lines: list[str], i: int) -> list[str]:
+    """The traceback that ends at line i: back to the nearest 'Traceback' header."""
+    start = 0
+    for j in range(i, -1, -1):
+        if lines[j].startswith("Traceback (most recent call last)"):
+            start = j
+            break
+    return lines[start : i + 1]
+
+
+def _phase(block: list[str]) -> str:
+    text = "\n".join(block)
+    for phase, markers in PHASE_MARKERS:
+        if any(mk in text for mk in markers):
+            return phase
+    return ""
+
+
+def _first(lines: list[str], pattern: re.Pattern[str]) -> int | None:
+    for i, line in enumerate(lines):
+        if pattern.search(line):
+            return i
+    return None
+
+
+def _short(line: str, limit: int = 200) -> str:
+    line = re.sub(r"^\(\w+ pid=\d+(?:, ip=[\d.]+)?\)\s*", "", line.strip())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _oom_detail(line: str) -> str:
+    m = re.search(
+        r"Tried to allocate ([\d.]+ [GMK]i?B).*?GPU (\d+) has a total capacity of "
+        r"([\d.]+ [GMK]i?B) of which ([\d.]+ [GMK]i?B) is free",
+        line,
+    )
+    if m:
+        return (
+            f"tried to allocate {m.group(1)} on GPU {m.group(2)} ({m.group(4)} of "
+            f"{m.group(3)} free)"
+        )
+    return _short(line, 160)
+
+
+def last_exception(text: str) -> str:
+    """The last line that looks like a raised exception, for an unclassified failure."""
+    lines = strip_ansi(text).splitlines()
+    for line in reversed(lines):
+        s = _short(line)
+        if _EXC_LINE.match(s) and not s.startswith("Set the environment variable"):
+            return s
+    tail = [s for s in (ln.strip() for ln in lines) if s]
+    return _short(tail[-1]) if tail else ""
+
+
+def classify(text: str) -> Failure | None:
+    """What went wrong, from a run's log; None when the log shows no known failure.
+
+    The first cause wins over its consequences: a CUDA OOM on one rank kills its worker and
+    times out the collectives of the others, so OOM is looked for before NCCL and worker death."""
+    lines = strip_ansi(text).splitlines()
+    i = _first(lines, _CONFIG)
+    if i is not None:
+        detail = _config_detail(lines, i)
+        return Failure(status=Status.FAILED, kind="config-error", reason=f"config error: {detail}")
+    i = _first(lines, _CUDA_OOM)
+    if i is not None:
+        phase = _phase(_block_before(lines, i)) or "unknown phase"
+        return Failure(
+            status=Status.OOM,
+            kind="oom",
+            phase=phase,
+            reason=f"CUDA OOM in {phase}: {_oom_detail(lines[i])}",
+        )
+    i = _first(lines, _KV_OOM)
+    if i is not None:
+        return Failure(
+            status=Status.OOM,
+            kind="oom",
+            phase="gen",
+            reason=f"vLLM KV cache does not fit in gen: {_short(lines[i], 160)}",
+        )
+    i = _first(lines, _HOST_OOM)
+    if i is not None:
+        return Failure(
+            status=Status.OOM,
+            kind="host-oom",
+            phase=_phase(_block_before(lines, i)),
+            reason="host memory: Ray's memory monitor killed a worker (CPU RAM, e.g. offload)",
+        )
+    i = _first(lines, _NCCL_TIMEOUT)
+    if i is not None:
+        return Failure(
+            status=Status.FAILED,
+            kind="nccl-timeout",
+            reason=f"NCCL timeout: {_short(_after_rank(lines[i]), 180)}",
+        )
+    i = _first(lines, _NCCL_ERROR)
+    i = i if i is not None else _first(lines, _NCCL_ERROR_CLASS)
+    if i is not None:
+        return Failure(
+            status=Status.FAILED, kind="nccl-error", reason=f"NCCL error: {_short(lines[i], 180)}"
+        )
+    i = _first(lines, _WORKER_DIED_MSG)
+    i = i if i is not None else _first(lines, _WORKER_DIED)
+    if i is not None:
+        detail = next(
+            (ln.strip() for ln in lines[i:] if "Worker exit type" in ln or "exit detail" in ln),
+            lines[i],
+        )
+        return Failure(
+            status=Status.FAILED,
+            kind="worker-died",
+            phase=_phase(_block_before(lines, i)),
+            reason=f"Ray worker died: {_short(detail, 180)}",
+        )
+    return None
+
+
+def _after_rank(line: str) -> str:
+    m = re.search(r"Watchdog caught.*", line)
+    return m.group(0) if m else line
+
+
+def _config_detail(lines: list[str], i: int) -> str:
+    """Hydra prints the override then the omegaconf reason on the next lines; a failed
+    validation ends in an exception line."""
+    if lines[i].startswith("Could not") or lines[i].startswith("Key '"):
+        more = [ln.strip() for ln in lines[i + 1 : i + 4] if ln.strip()]
+        why = next((m for m in more if m.startswith("Key '") or "Error" in m), "")
+        return _short(f"{lines[i].strip()} {why}".strip(), 200)
+    return last_exception("\n".join(lines[i:]))
