@@ -17,6 +17,7 @@ from tuner.space import (
     ParallelLayout,
     RandomSuggester,
     SearchSpace,
+    SpaceLimits,
     knob_overrides,
     params_for,
     sample,
@@ -235,3 +236,42 @@ def test_overrides_cover_each_knob_and_follow_conditions() -> None:
     assert plain["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"] is None
     assert not any("recompute" in k for k in plain)
     assert {k.name for k in KNOBS} >= {"tp", "pp", "vpp", "cp", "ep", "etp", "rollout_tp"}
+
+
+_NO_TE = SpaceLimits(
+    context_parallel=False,
+    sequence_parallel=False,
+    pinned=(("rollout_tp", 1), ("use_fused_kernels", False), ("gpu_memory_utilization", 0.6)),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(which=st.sampled_from(SPACES), seed=st.integers(0, 2**32 - 1))
+def test_limited_space_samples_only_what_the_runner_can_run(
+    which: tuple[str, int, int], seed: int
+) -> None:
+    full = _BUILT[which]
+    space = SearchSpace(
+        model=full.model, cluster=full.cluster, workload=full.workload, limits=_NO_TE
+    )
+    rs = RandomSuggester(random.Random(seed))
+    c = sample(rs, space)
+    assert validate(c, space.model, space.cluster, space.workload) == []
+    assert c.layout.cp == 1 and not c.sequence_parallel
+    assert (c.rollout_tp, c.use_fused_kernels, c.gpu_memory_utilization) == (1, False, 0.6)
+    assert not {"rollout_tp", "use_fused_kernels", "gpu_memory_utilization"} & set(rs.params)
+    # an enqueued trial (params_for) replays to the same candidate without the pinned names
+    assert params_for(c, space) == rs.params
+    assert sample(_Replay(params_for(c, space)), space) == c
+
+
+def test_limited_moe_space_leaves_out_what_needs_sequence_parallel() -> None:
+    full = _space("qwen3-30b-moe", 32)
+    space = SearchSpace(
+        model=full.model, cluster=full.cluster, workload=full.workload, limits=_NO_TE
+    )
+    assert set(space.layouts) < set(full.layouts)
+    assert "ep8" in space.layouts and "tp4ep8" not in space.layouts
+    assert all(lay.cp == 1 for lay in space.layouts.values())
+    assert all(lay.tp == 1 or lay.ep == 1 for lay in space.layouts.values())
+    assert space.fingerprint() != full.fingerprint()

@@ -76,8 +76,10 @@ def test_warm_start_tries_reference_layouts_first(workdir: Path) -> None:
     params = warm_start_params(space, req.profile, seed=0, pool=200)
     s = run_study(req)
     rows = read_raw(s.csv_path)
-    assert [r["train_parallel"] for r in rows] == [p["layout"] for p in params[:4]]
+    assert [r["train_parallel"] for r in rows] == [p["layout"] for p, _ in params[:4]]
     assert rows[0]["train_parallel"] in {"tp4pp2", "tp4", "tp4cp2", "tp2", "tp2cp2", "tp4pp2vpp2"}
+    assert f"origin={params[0][1]}" in rows[0]["extra"].split(";")
+    assert params[0][1].startswith("reference ")
 
 
 def test_other_workload_on_the_same_study_is_refused(workdir: Path) -> None:

@@ -339,6 +339,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     else:
         print(f"tune: runner {runner.name}")
+    why = runner.space_limits(model).why
+    if why:
+        print(f"tune: {why}")
     req = TuneRequest(
         model=model,
         model_arg=args.model,

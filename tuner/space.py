@@ -496,12 +496,43 @@ def round_up(x: float, multiple: int) -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SpaceLimits:
+    """What a runner can measure: the space leaves out what it cannot run and pins the sampler
+    parameters it does not measure, so no trial is spent on a difference it cannot see."""
+
+    context_parallel: bool = True
+    """Layouts with cp > 1 (megatron-core needs transformer-engine for them)."""
+    sequence_parallel: bool = True
+    """Sequence parallel (transformer-engine too); without it MoE layouts with tp > 1 and
+    ep > 1 are left out, as Megatron requires sequence parallel there."""
+    pinned: tuple[tuple[str, Any], ...] = ()
+    """Sampler parameters (names as sample() suggests them) fixed to a value."""
+    why: str = ""
+    """One line for the study's first output: what is left out and why."""
+
+    def pin(self, name: str) -> tuple[bool, Any]:
+        for k, v in self.pinned:
+            if k == name:
+                return True, v
+        return False, None
+
+    @property
+    def summary(self) -> str:
+        parts = [] if self.context_parallel else ["cp1"]
+        if not self.sequence_parallel:
+            parts.append("nosp")
+        parts += [f"{k}={v}" for k, v in self.pinned]
+        return ",".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SearchSpace:
     """The valid choices for one (model, cluster, workload); fixed for a study's life."""
 
     model: ModelSpec
     cluster: Cluster
     workload: Workload
+    limits: SpaceLimits = field(default_factory=SpaceLimits)
 
     @cached_property
     def layouts(self) -> dict[str, ParallelLayout]:
@@ -511,7 +542,7 @@ class SearchSpace:
         experts = _divisors(m.num_experts) if m.is_moe else [1]
         for tp in _divisors(self.cluster.local_gpus):
             for pp in [p for p in _divisors(m.num_layers) if p <= MAX_PP]:
-                for cp in CP_CHOICES:
+                for cp in CP_CHOICES if self.limits.context_parallel else (1,):
                     if world % (tp * pp * cp):
                         continue
                     vpps = [1] + [v for v in range(2, MAX_VPP + 1) if pp > 1]
@@ -520,6 +551,8 @@ class SearchSpace:
                         for ep in experts:
                             for etp in etps:
                                 if (world // pp) % (ep * etp):
+                                    continue
+                                if tp > 1 and ep > 1 and not self.limits.sequence_parallel:
                                     continue
                                 lay = ParallelLayout(
                                     world=world, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp
@@ -559,15 +592,33 @@ class SearchSpace:
             f"{m.name}|{m.num_layers}x{m.hidden_size}|{c.gpu.name}x{c.num_gpus}/"
             f"{c.gpus_per_node}|{w.prompt_len}+{w.response_len}|{w.batch_size}x{w.n}/"
             f"{w.mini_batch_size}|{len(self.layouts)}"
+            + (f"|{self.limits.summary}" if self.limits.summary else "")
         )
+
+
+class _Limited:
+    """A Suggester that answers pinned parameters itself (they are never suggested)."""
+
+    def __init__(self, t: Suggester, limits: SpaceLimits) -> None:
+        self.t, self.limits = t, limits
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        pinned, v = self.limits.pin(name)
+        return v if pinned and v in choices else self.t.suggest_categorical(name, choices)
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        pinned, v = self.limits.pin(name)
+        return int(v) if pinned and low <= v <= high else self.t.suggest_int(name, low, high)
 
 
 def sample(t: Suggester, space: SearchSpace) -> Candidate:
     """Draw one candidate. Every value is drawn from choices valid for the layouts drawn so far,
     so the result passes validate() (a property test holds this)."""
     m, w = space.model, space.workload
+    if space.limits.pinned:
+        t = _Limited(t, space.limits)
     lay = space.layouts[t.suggest_categorical("layout", sorted(space.layouts))]
-    if lay.tp == 1:
+    if lay.tp == 1 or not space.limits.sequence_parallel:
         sp = False
     elif m.is_moe and lay.ep > 1:
         sp = True
@@ -624,7 +675,7 @@ def params_for(c: Candidate, space: SearchSpace) -> dict[str, Any]:
     seq = space.workload.max_seq_len
     p: dict[str, Any] = {"layout": c.layout.notation}
     lay = c.layout
-    if lay.tp > 1 and not (space.model.is_moe and lay.ep > 1):
+    if lay.tp > 1 and space.limits.sequence_parallel and not (space.model.is_moe and lay.ep > 1):
         p["sequence_parallel"] = c.sequence_parallel
     p["recompute_granularity"] = c.recompute_granularity
     if c.recompute_granularity == "full":
@@ -653,6 +704,8 @@ def params_for(c: Candidate, space: SearchSpace) -> dict[str, Any]:
             (c.max_num_batched_tokens or seq) / seq, BATCHED_TOKEN_FACTORS
         ),
     )
+    for name, _ in space.limits.pinned:
+        p.pop(name, None)
     return p
 
 

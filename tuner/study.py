@@ -29,6 +29,7 @@ from tuner.models import ModelSpec
 from tuner.references import reference_candidates
 from tuner.results import Status, TrialResult, read_raw, upsert_row
 from tuner.runners.base import Runner, TrialSpec
+from tuner.runners.estimate import EstimateRunner
 from tuner.space import Candidate, RandomSuggester, SearchSpace, params_for, sample, validate
 from tuner.workload import Workload
 
@@ -175,8 +176,10 @@ def make_row(
     res: TrialResult,
     started: str,
     duration_s: float,
+    origin: str = "",
 ) -> dict[str, Any]:
     w, cl = req.workload, req.cluster
+    p = req.runner.predicted(pred, cl)
     return {
         "study": req.name,
         "trial": number,
@@ -201,14 +204,14 @@ def make_row(
         "mfu_pct": res.mfu_pct,
         "peak_mem_gib": res.peak_mem_gib,
         "peak_mem_reserved_gib": res.peak_mem_reserved_gib,
-        "pred_tokens_per_s_per_gpu": pred.throughput_tokens_per_s_per_gpu,
+        "pred_tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
         "pred_step_s": pred.step_s,
         "pred_generation_s": pred.generation_s,
         "pred_old_log_prob_s": pred.old_log_prob_s,
         "pred_update_actor_s": pred.update_actor_s,
-        "pred_peak_mem_gib": pred.peak_mem_gib,
-        "pred_peak_phase": pred.peak_phase,
-        "pred_fits": pred.fits,
+        "pred_peak_mem_gib": p.peak_gib,
+        "pred_peak_phase": p.phase,
+        "pred_fits": not p.unfit,
         "pred_bottleneck": pred.bottleneck,
         "workload": w.name,
         "algorithm": w.algorithm,
@@ -221,7 +224,7 @@ def make_row(
         "hardware": res.hardware,
         "versions": res.versions,
         "log_path": res.log_path,
-        "extra": res.extra,
+        "extra": {**res.extra, "origin": origin} if origin else res.extra,
         "started_at": started,
         "finished_at": _now(),
         "duration_s": duration_s,
@@ -286,32 +289,43 @@ def warm_start_params(
     space: SearchSpace,
     profile: Profile,
     seed: int,
+    runner: Runner | None = None,
     pool: int = WARM_START_POOL,
     best: int = WARM_START_BEST,
-) -> list[dict[str, Any]]:
-    """Reference layouts that are valid here, then the estimator's best of a random pool."""
+) -> list[tuple[dict[str, Any], str]]:
+    """Reference layouts that are valid here (scaled to this GPU count where the reference used
+    more), then the estimator's best of a random pool, as (sampler params, origin) pairs."""
     m, cl, w = space.model, space.cluster, space.workload
-    out: list[dict[str, Any]] = []
-    for c in reference_candidates(m, cl, w):
-        if not validate(c, m, cl, w) and estimate(c, m, cl, w, profile).fits:
-            out.append(params_for(c, space))
+    runner = runner or EstimateRunner()
+    out: list[tuple[dict[str, Any], str]] = []
+    seen: set[tuple[Any, ...]] = set()
+
+    def add(params: dict[str, Any], origin: str) -> None:
+        key = tuple(sorted(params.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append((params, origin))
+
+    refs = reference_candidates(m, cl, w)
+    for c, origin in refs:
+        if c.layout.notation not in space.layouts or validate(c, m, cl, w):
+            continue
+        if not runner.predicted(estimate(c, m, cl, w, profile), cl).unfit:
+            add(params_for(c, space), origin)
     rng = random.Random(seed)
     scored: list[tuple[float, dict[str, Any]]] = []
     for _ in range(pool):
         s = RandomSuggester(rng)
         c = sample(s, space)
-        e = estimate(c, m, cl, w, profile)
-        if e.fits:
-            scored.append((e.throughput_tokens_per_s_per_gpu, s.params))
+        p = runner.predicted(estimate(c, m, cl, w, profile), cl)
+        if not p.unfit:
+            scored.append((p.tokens_per_s_per_gpu, s.params))
     scored.sort(key=lambda x: -x[0])
-    seen = {tuple(sorted(p.items())) for p in out}
-    for _, p in scored:
-        key = tuple(sorted(p.items()))
-        if key not in seen:
-            out.append(p)
-            seen.add(key)
-        if len(out) >= best + len(reference_candidates(m, cl, w)):
+    limit = best + len(out)
+    for _, params in scored:
+        if len(out) >= limit:
             break
+        add(params, "estimator")
     return out
 
 
@@ -330,7 +344,12 @@ def run_study(
     req: TuneRequest,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> StudySummary:
-    space = SearchSpace(model=req.model, cluster=req.cluster, workload=req.workload)
+    space = SearchSpace(
+        model=req.model,
+        cluster=req.cluster,
+        workload=req.workload,
+        limits=req.runner.space_limits(req.model),
+    )
     space.check_nonempty()
     req.runner.check_available(req.cluster)
     optuna.logging.set_verbosity(logging.WARNING)
@@ -367,8 +386,8 @@ def run_study(
     finished = [t for t in study.get_trials(deepcopy=False) if t.state in _FINISHED]
     resumed_from = len(finished)
     if req.warm_start and not study.get_trials(deepcopy=False):
-        for p in warm_start_params(space, req.profile, req.seed):
-            study.enqueue_trial(p, skip_if_exists=True)
+        for params, origin in warm_start_params(space, req.profile, req.seed, req.runner):
+            study.enqueue_trial(params, user_attrs={"origin": origin}, skip_if_exists=True)
 
     seen: dict[tuple[Any, ...], int] = {tuple(sorted(t.params.items())): t.number for t in finished}
     rows_by_trial = {r["trial"]: r for r in read_raw(req.csv_path)} if req.csv_path.exists() else {}
@@ -383,7 +402,8 @@ def run_study(
         pred = estimate(c, req.model, req.cluster, req.workload, req.profile)
         key = tuple(sorted(trial.params.items()))
         res = _evaluate(req, trial.number, c, pred, seen.get(key), rows_by_trial)
-        row = make_row(req, trial.number, c, pred, res, started, time.monotonic() - t0)
+        origin = str(trial.user_attrs.get("origin", ""))
+        row = make_row(req, trial.number, c, pred, res, started, time.monotonic() - t0, origin)
         upsert_row(req.csv_path, row)
         rows_by_trial[str(trial.number)] = {k: str(v) for k, v in row.items()}
         for k in ("status", "reason", "train_parallel", "source"):
@@ -431,12 +451,12 @@ def _evaluate(
     reasons = validate(c, req.model, req.cluster, req.workload)
     if reasons:
         return TrialResult(status=Status.PRUNED_INVALID, source="tuner", reason="; ".join(reasons))
-    if not pred.fits:
+    unfit = req.runner.predicted(pred, req.cluster).unfit
+    if unfit:
         return TrialResult(
             status=Status.PRUNED_OOM,
             source="estimate",
-            reason=f"predicted peak {pred.peak_mem_gib:.1f} GiB in {pred.peak_phase} > "
-            f"{req.cluster.gpu.memory_gib:.1f} GiB of a {req.cluster.gpu.name}",
+            reason=f"predicted {unfit} of a {req.cluster.gpu.name}",
             peak_mem_gib=None,
         )
     if same_as is not None and str(same_as) in rows and req.runner.name != "estimate":

@@ -142,3 +142,39 @@ def test_stale_result_is_not_read(tmp_path: Path):
     (t.trial_dir / "result.json").write_text('{"schema": 1, "status": "ok"}')
     row = fake_runner(tmp_path, "crash-oom").run(t)
     assert row.status is Status.OOM
+
+
+def test_space_without_transformer_engine_has_no_cp_or_sp_and_pins_unmeasured_knobs() -> None:
+    from tuner.space import SearchSpace, params_for
+
+    m = get_model("qwen3-30b-moe")
+    cl = Cluster(gpu=get_gpu("h200"), num_gpus=8)
+    limits = MegatronRunner().space_limits(m)
+    assert not limits.context_parallel and not limits.sequence_parallel  # no TE on CI
+    assert "transformer-engine" in limits.why
+    space = SearchSpace(model=m, cluster=cl, workload=get_workload("grpo-short"), limits=limits)
+    assert all(lay.cp == 1 and (lay.tp == 1 or lay.ep == 1) for lay in space.layouts.values())
+    c = Candidate(layout=ParallelLayout.parse("ep8", 8), rollout_tp=2, use_fused_kernels=True)
+    assert {"rollout_tp", "use_fused_kernels", "gpu_memory_utilization"}.isdisjoint(
+        params_for(c, space)
+    )
+
+
+def test_prediction_is_the_update_alone() -> None:
+    m, w = get_model("qwen2.5-7b"), get_workload("grpo-short")
+    cl = Cluster(gpu=get_gpu("h200"), num_gpus=2)
+    c = Candidate(
+        layout=ParallelLayout.parse("tp2", 2),
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=w.max_seq_len * 2,
+        log_prob_max_token_len_per_gpu=w.max_seq_len * 2,
+        gpu_memory_utilization=0.9,
+    )
+    e = estimate(c, m, cl, w)
+    p = MegatronRunner().predicted(e, cl)
+    assert p.phase == "update_actor"
+    assert p.peak_gib == pytest.approx(e.memory.update_peak_gib - e.memory.reference_gib)
+    # vLLM's 90% share makes the whole step not fit; the update alone does
+    assert not e.fits and not p.unfit
+    assert p.tokens_per_s_per_gpu == pytest.approx(e.tokens_per_step / e.update_actor_s / 2)
+    assert p.tokens_per_s_per_gpu > e.throughput_tokens_per_s_per_gpu

@@ -33,9 +33,9 @@ def make_runner(name: str, **options: object) -> Runner:
     if name == "estimate":
         return EstimateRunner()
     if name == "megatron":
-        from tuner.runners.megatron import MegatronRunner  # type: ignore[import-not-found]
+        from tuner.runners.megatron import MegatronRunner
 
-        return MegatronRunner(**options)  # type: ignore[no-any-return]
+        return MegatronRunner(**options)  # type: ignore[arg-type]
     if name == "verl":
         from tuner.runners.verl import VerlRunner
 

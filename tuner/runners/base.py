@@ -10,7 +10,7 @@ from tuner.estimate import Estimate
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.results import TrialResult
-from tuner.space import Candidate
+from tuner.space import Candidate, SpaceLimits
 from tuner.workload import Workload
 
 
@@ -33,6 +33,18 @@ class TrialSpec:
     seed: int = 0
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Predicted:
+    """The cost model's view of one trial as a runner measures it: what ranks the warm start
+    and what prunes a candidate before launch."""
+
+    tokens_per_s_per_gpu: float
+    peak_gib: float
+    phase: str
+    unfit: str = ""
+    """Why it cannot run (e.g. "peak 90.1 GiB in update_actor > 79.1 GiB"); empty if it can."""
+
+
 class Runner(abc.ABC):
     """Measures (or estimates) one candidate."""
 
@@ -45,3 +57,16 @@ class Runner(abc.ABC):
 
     def check_available(self, cluster: Cluster) -> None:  # noqa: B027 (optional hook)
         """Raise UserError with one actionable line if this runner cannot run here."""
+
+    def space_limits(self, model: ModelSpec) -> SpaceLimits:
+        """What this runner can measure (default: everything)."""
+        return SpaceLimits()
+
+    def predicted(self, pred: Estimate, cluster: Cluster) -> Predicted:
+        """The cost model's numbers for what this runner measures (default: the whole step)."""
+        return Predicted(
+            tokens_per_s_per_gpu=pred.throughput_tokens_per_s_per_gpu,
+            peak_gib=pred.peak_mem_gib,
+            phase=pred.peak_phase,
+            unfit=pred.fit_reason,
+        )

@@ -28,14 +28,15 @@ from typing import Any
 
 import tuner
 from tuner.errors import UserError
+from tuner.estimate import Estimate
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.results import Status, TrialResult
-from tuner.runners.base import Runner, TrialSpec
+from tuner.runners.base import Predicted, Runner, TrialSpec
 from tuner.runners.batching import RESPONSE_LENGTH_DISTRIBUTION, draw_step_lengths
 from tuner.runners.megatron_worker import SCHEMA, WorkerSpec, parse_result
 from tuner.runners.process import Launch, ProcessResult, run_process
-from tuner.space import Candidate
+from tuner.space import Candidate, SpaceLimits
 from tuner.workload import Workload
 
 SPEC_NAME = "spec.json"
@@ -54,6 +55,16 @@ WORKER_ENV = {
     # As verl's Megatron workers set it (ordered kernel launches for TP/PP communication).
     "CUDA_DEVICE_MAX_CONNECTIONS": "1",
 }
+MEGATRON_PINNED = (
+    ("rollout_tp", 1),
+    ("gpu_memory_utilization", 0.6),
+    ("max_num_batched_tokens_factor", 1),
+    ("log_prob_max_token_len_factor", 2.0),
+    ("log_prob_micro_batch_log2", 0),
+    ("use_fused_kernels", False),
+)
+"""Sampler parameters the worker does not measure (generation and log-prob), and the fused
+kernels, which it does not have (it computes full vocab-parallel logits)."""
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 
 
@@ -167,6 +178,32 @@ class MegatronRunner(Runner):
         self.warmup_steps = warmup_steps
         self._launch = launch or run_process
         self.env = dict(env or {})
+
+    def space_limits(self, model: ModelSpec) -> SpaceLimits:
+        """Without transformer-engine megatron-core has no context or sequence parallel, so the
+        space leaves those out; the generation and log-prob knobs are pinned, as the worker runs
+        only the update, and so are the fused kernels, as it computes full logits."""
+        te = importlib.util.find_spec("transformer_engine") is not None
+        return SpaceLimits(
+            context_parallel=te,
+            sequence_parallel=te,
+            pinned=MEGATRON_PINNED,
+            why="" if te else "no transformer-engine here: no context or sequence parallel",
+        )
+
+    def predicted(self, pred: Estimate, cluster: Cluster) -> Predicted:
+        """The update only: its throughput, and its peak less the reference model's weights
+        (the worker builds no reference model)."""
+        mem = pred.memory
+        peak = mem.update_peak_gib - mem.reference_gib
+        cap = cluster.gpu.memory_gib
+        upd = pred.update_actor_s
+        return Predicted(
+            tokens_per_s_per_gpu=pred.tokens_per_step / upd / cluster.num_gpus if upd else 0.0,
+            peak_gib=peak,
+            phase="update_actor",
+            unfit=f"peak {peak:.1f} GiB in update_actor > {cap:.1f} GiB" if peak > cap else "",
+        )
 
     def check_available(self, cluster: Cluster) -> None:
         if cluster.num_nodes > 1:
