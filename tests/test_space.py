@@ -97,16 +97,17 @@ def test_validate_names_each_broken_rule() -> None:
     )
     assert any("sequence parallel needs tp > 1" in r for r in validate(sp_no_tp, m, cl, w))
     moe = _space("qwen3-30b-moe", 16)
-    no_sp = Candidate(
-        layout=ParallelLayout(world=16, tp=2, ep=8),
-        sequence_parallel=False,
-        ppo_max_token_len_per_gpu=10240,
-        log_prob_max_token_len_per_gpu=10240,
-    )
-    assert any(
-        "sequence parallel with MoE" in r
-        for r in validate(no_sp, moe.model, moe.cluster, moe.workload)
-    )
+    for ep in (8, 1):  # megatron-core refuses MoE with tp > 1 and no SP, with or without EP
+        no_sp = Candidate(
+            layout=ParallelLayout(world=16, tp=2, ep=ep),
+            sequence_parallel=False,
+            ppo_max_token_len_per_gpu=10240,
+            log_prob_max_token_len_per_gpu=10240,
+        )
+        assert any(
+            "sequence parallel for a MoE model" in r
+            for r in validate(no_sp, moe.model, moe.cluster, moe.workload)
+        )
     dense_ep = Candidate(
         layout=ParallelLayout(world=8, ep=2),
         ppo_max_token_len_per_gpu=10240,
@@ -271,7 +272,7 @@ def test_limited_moe_space_leaves_out_what_needs_sequence_parallel() -> None:
         model=full.model, cluster=full.cluster, workload=full.workload, limits=_NO_TE
     )
     assert set(space.layouts) < set(full.layouts)
-    assert "ep8" in space.layouts and "tp4ep8" not in space.layouts
+    assert "ep8" in space.layouts and "tp4ep8" not in space.layouts and "tp2" not in space.layouts
     assert all(lay.cp == 1 for lay in space.layouts.values())
-    assert all(lay.tp == 1 or lay.ep == 1 for lay in space.layouts.values())
+    assert all(lay.tp == 1 for lay in space.layouts.values())  # MoE with tp > 1 needs SP
     assert space.fingerprint() != full.fingerprint()

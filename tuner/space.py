@@ -409,8 +409,10 @@ def validate(c: Candidate, model: ModelSpec, cluster: Cluster, workload: Workloa
     r = validate_layout(lay, model, cluster, workload)
     if c.sequence_parallel and lay.tp == 1:
         r.append("sequence parallel needs tp > 1: turn it off or raise tp")
-    if model.is_moe and lay.ep > 1 and lay.tp > 1 and not c.sequence_parallel:
-        r.append("Megatron needs sequence parallel with MoE expert parallel and tp > 1")
+    if model.is_moe and lay.tp > 1 and not c.sequence_parallel:
+        # megatron-core raises at the first training step ("performance may degrade if MoE and
+        # tensor parallelism are enabled without also enabling sequence parallelism"), measured
+        r.append("Megatron needs sequence parallel for a MoE model with tp > 1: turn it on")
     if c.recompute_granularity not in RECOMPUTE_GRANULARITIES:
         r.append(
             f"recompute granularity {c.recompute_granularity!r} is not one of "
@@ -503,8 +505,8 @@ class SpaceLimits:
     context_parallel: bool = True
     """Layouts with cp > 1 (megatron-core needs transformer-engine for them)."""
     sequence_parallel: bool = True
-    """Sequence parallel (transformer-engine too); without it MoE layouts with tp > 1 and
-    ep > 1 are left out, as Megatron requires sequence parallel there."""
+    """Sequence parallel (transformer-engine too); without it MoE layouts with tp > 1 are left
+    out, as Megatron requires sequence parallel there."""
     pinned: tuple[tuple[str, Any], ...] = ()
     """Sampler parameters (names as sample() suggests them) fixed to a value."""
     why: str = ""
@@ -541,6 +543,8 @@ class SearchSpace:
         out: dict[str, ParallelLayout] = {}
         experts = _divisors(m.num_experts) if m.is_moe else [1]
         for tp in _divisors(self.cluster.local_gpus):
+            if tp > 1 and m.is_moe and not self.limits.sequence_parallel:
+                continue  # Megatron needs sequence parallel for MoE with tp > 1
             for pp in [p for p in _divisors(m.num_layers) if p <= MAX_PP]:
                 for cp in CP_CHOICES if self.limits.context_parallel else (1,):
                     if world % (tp * pp * cp):
@@ -551,8 +555,6 @@ class SearchSpace:
                         for ep in experts:
                             for etp in etps:
                                 if (world // pp) % (ep * etp):
-                                    continue
-                                if tp > 1 and ep > 1 and not self.limits.sequence_parallel:
                                     continue
                                 lay = ParallelLayout(
                                     world=world, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp
@@ -620,7 +622,7 @@ def sample(t: Suggester, space: SearchSpace) -> Candidate:
     lay = space.layouts[t.suggest_categorical("layout", sorted(space.layouts))]
     if lay.tp == 1 or not space.limits.sequence_parallel:
         sp = False
-    elif m.is_moe and lay.ep > 1:
+    elif m.is_moe:
         sp = True
     else:
         sp = bool(t.suggest_categorical("sequence_parallel", [True, False]))
@@ -675,7 +677,7 @@ def params_for(c: Candidate, space: SearchSpace) -> dict[str, Any]:
     seq = space.workload.max_seq_len
     p: dict[str, Any] = {"layout": c.layout.notation}
     lay = c.layout
-    if lay.tp > 1 and space.limits.sequence_parallel and not (space.model.is_moe and lay.ep > 1):
+    if lay.tp > 1 and space.limits.sequence_parallel and not space.model.is_moe:
         p["sequence_parallel"] = c.sequence_parallel
     p["recompute_granularity"] = c.recompute_granularity
     if c.recompute_granularity == "full":

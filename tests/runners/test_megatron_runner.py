@@ -153,7 +153,7 @@ def test_space_without_transformer_engine_has_no_cp_or_sp_and_pins_unmeasured_kn
     assert not limits.context_parallel and not limits.sequence_parallel  # no TE on CI
     assert "transformer-engine" in limits.why
     space = SearchSpace(model=m, cluster=cl, workload=get_workload("grpo-short"), limits=limits)
-    assert all(lay.cp == 1 and (lay.tp == 1 or lay.ep == 1) for lay in space.layouts.values())
+    assert all(lay.cp == 1 and lay.tp == 1 for lay in space.layouts.values())
     c = Candidate(layout=ParallelLayout.parse("ep8", 8), rollout_tp=2, use_fused_kernels=True)
     assert {"rollout_tp", "use_fused_kernels", "gpu_memory_utilization"}.isdisjoint(
         params_for(c, space)
