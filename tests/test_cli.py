@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tuner.cli import main
-from tuner.results import read_raw
+from tuner.results import rank, read_raw, read_rows
 
 
 def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -93,6 +93,14 @@ def test_show_reads_reference_csvs(anchors: Path, capsys: pytest.CaptureFixture[
         == 0
     )
     assert "tp4" in capsys.readouterr().out.splitlines()[1]
+    # every reference file, with the default sort (dapo_moe30b.csv has no throughput column:
+    # its fastest step comes first)
+    for path in sorted(anchors.glob("*.csv")):
+        assert main(["show", str(path), "--top", "3"]) == 0, path
+        assert len(capsys.readouterr().out.splitlines()) == 4
+    rows = rank(read_rows(anchors / "dapo_moe30b.csv"), status="ok")
+    steps = [float(r["step_s"]) for r in rows if r.get("step_s")]
+    assert steps == sorted(steps)
 
 
 def test_models_lists_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
@@ -153,3 +161,21 @@ def test_plot_writes_a_png(workdir: Path, capsys: pytest.CaptureFixture[str]) ->
     png = Path(capsys.readouterr().out.strip())
     assert png == csv_path.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_python_dash_m_tuner_is_the_cli() -> None:
+    # Ray installs a `tune` command of its own; `python -m tuner` (and `verl-tune`) always work
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tuner", "models"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and "qwen3-30b-moe" in out.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "tuner", "--model", "nope", "--gpus", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

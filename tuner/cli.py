@@ -197,7 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("csv", type=Path, nargs="+", help="leaderboard CSV(s), ours or reference")
     show.add_argument("--status", help="only rows with this status (ok, oom, failed, ...)")
     show.add_argument("--top", type=int, default=None, help="only the first N rows")
-    show.add_argument("--sort", default="tokens_per_s_per_gpu", help="column to sort by")
+    show.add_argument(
+        "--sort",
+        help="column to sort by (default: tokens_per_s_per_gpu, or step_s where a leaderboard "
+        "has no throughput column)",
+    )
     show.add_argument("--asc", action="store_true", help="ascending")
     show.add_argument("--columns", help="comma-separated columns to print")
 

@@ -323,12 +323,17 @@ def number(v: str | None) -> float | None:
 def rank(
     rows: list[dict[str, str]],
     *,
-    sort_by: str = "tokens_per_s_per_gpu",
+    sort_by: str | None = None,
     status: str | None = None,
     top: int | None = None,
     descending: bool | None = None,
 ) -> list[dict[str, str]]:
-    """Filter by status and sort (rows without the value last)."""
+    """Filter by status and sort (rows without the value last). By default the fastest first:
+    by throughput, or by step time where the rows have no throughput (some reference files)."""
+    if sort_by is None:
+        sort_by = (
+            "step_s" if rows and "tokens_per_s_per_gpu" not in rows[0] else ("tokens_per_s_per_gpu")
+        )
     if rows and sort_by not in rows[0]:
         raise UserError(f"no column {sort_by!r}: use one of {', '.join(rows[0])}")
     if status:
