@@ -179,3 +179,13 @@ def test_python_dash_m_tuner_is_the_cli() -> None:
         timeout=120,
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_plot_of_a_measured_leaderboard_compares_the_update() -> None:
+    from tuner.plots import prediction_pairs
+
+    repo = Path(__file__).resolve().parents[1]
+    rows = [r for r in read_raw(repo / "results" / "moe-h200-x2.csv") if r["status"] == "ok"]
+    phase, pts = prediction_pairs(rows)
+    assert phase == "update_actor" and len(pts) == len(rows) == 3
+    assert all(p > 0 and m > 0 for p, m in pts)

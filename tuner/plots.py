@@ -63,19 +63,17 @@ def plot_leaderboard(rows: list[dict[str, str]], out: Path, title: str = "") -> 
     ax.tick_params(axis="y", labelsize=7)
 
     ax = axes[2]
-    pairs = [
-        (number(r.get("pred_step_s")), number(r.get("step_s")), r.get("source", "")) for r in ok
-    ]
-    pts = [(p, m) for p, m, _ in pairs if p and m]
+    phase, pts = prediction_pairs(ok)
     if pts:
         ax.scatter([p for p, _ in pts], [m for _, m in pts], s=14)
         hi = max(max(p, m) for p, m in pts) * 1.1
         ax.plot([0, hi], [0, hi], color="0.6", linestyle="--", linewidth=1)
         ax.set_xlim(0, hi)
         ax.set_ylim(0, hi)
-    sources = {s for _, _, s in pairs}
-    ax.set_xlabel("predicted step (s)")
-    ax.set_ylabel(f"{'/'.join(sorted(sources))} step (s)")
+    sources = {r.get("source", "") for r in ok}
+    what = phase.replace("_", " ")
+    ax.set_xlabel(f"predicted {what} (s)")
+    ax.set_ylabel(f"{'/'.join(sorted(sources))} {what} (s)")
     ax.set_title("cost model vs result")
     if title:
         fig.suptitle(title)
@@ -84,3 +82,15 @@ def plot_leaderboard(rows: list[dict[str, str]], out: Path, title: str = "") -> 
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def prediction_pairs(ok: list[dict[str, str]]) -> tuple[str, list[tuple[float, float]]]:
+    """(phase, [(predicted s, result s)]): the whole step where the runner measured it, else
+    the update alone (the megatron runner measures only the update)."""
+    phase = "step" if any(number(r.get("step_s")) for r in ok) else "update_actor"
+    pts = []
+    for r in ok:
+        p, m = number(r.get(f"pred_{phase}_s")), number(r.get(f"{phase}_s"))
+        if p and m:
+            pts.append((p, m))
+    return phase, pts
