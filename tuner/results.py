@@ -331,9 +331,8 @@ def rank(
     """Filter by status and sort (rows without the value last). By default the fastest first:
     by throughput, or by step time where the rows have no throughput (some reference files)."""
     if sort_by is None:
-        sort_by = (
-            "step_s" if rows and "tokens_per_s_per_gpu" not in rows[0] else ("tokens_per_s_per_gpu")
-        )
+        has_tput = not rows or "tokens_per_s_per_gpu" in rows[0]
+        sort_by = "tokens_per_s_per_gpu" if has_tput else "step_s"
     if rows and sort_by not in rows[0]:
         raise UserError(f"no column {sort_by!r}: use one of {', '.join(rows[0])}")
     if status:
