@@ -5,8 +5,8 @@
 # (all worker output) and OUT_DIR/results.jsonl (one result.json per line, with case and wall_s).
 #   1gpu: dense 1.7B-class (dynamic and fixed batching, recompute none/selective/full, offload),
 #         a small MoE, and two runs that must end as oom (build and warmup). About 6 minutes.
-#   4gpu: tp2+pp2+vpp2 (full recompute), tp2+dp2, MoE tp2+ep2/etp1 (about 2.5 minutes); also
-#         dense-pp2-vpp2, moe-ep4, moe-ep2 when named in SMOKE_CASES.
+#   4gpu: tp2+pp2+vpp2 (full recompute), tp2+dp2, MoE ep4 (about 2.5 minutes); also
+#         dense-pp2-vpp2, moe-ep2 when named in SMOKE_CASES.
 set -u
 set -o pipefail
 suite=${1:?give 1gpu or 4gpu}
@@ -71,13 +71,14 @@ else:
         ("dense-tp2-pp2-vpp2", SMALL, lay(tp=2, pp=2, vpp=2), rc("full", "uniform", 1), off(),
          batch(32, 16, budget=8192)),
         ("dense-tp2-dp2", SMALL, lay(tp=2), rc(), off(), batch(32, 16)),
-        ("moe-tp2-ep2-etp1", MOE, lay(tp=2, ep=2), rc(), off(), batch(32, 16)),
+        # MoE with tp > 1 needs sequence parallel (megatron-core refuses it otherwise, seen on
+        # 2 H200s), and sequence parallel needs transformer-engine: no MoE tp2 case here.
+        ("moe-ep4", MOE, lay(ep=4), rc(), off(), batch(32, 16)),
         # Run only when named in SMOKE_CASES:
         ("dense-pp2-vpp2", SMALL, lay(pp=2, vpp=2), rc(), off(), batch(32, 16, budget=8192)),
-        ("moe-ep4", MOE, lay(ep=4), rc(), off(), batch(32, 16)),
         ("moe-ep2", MOE, lay(ep=2), rc(), off(), batch(32, 16)),
     ]
-    optional = {"dense-pp2-vpp2", "moe-ep4", "moe-ep2"}
+    optional = {"dense-pp2-vpp2", "moe-ep2"}
 import os
 wanted = os.environ.get("SMOKE_CASES", "").split()
 for name, model, layout, recompute, offload, b in cases:
