@@ -29,6 +29,10 @@ class Status(StrEnum):
     TIMEOUT = "timeout"
     PRUNED_INVALID = "pruned-invalid"
     PRUNED_OOM = "pruned-oom-predicted"
+    PRUNED_SLOW = "pruned-slow"
+    """Stopped early by Optuna's pruner: its first measured steps were far slower than the best."""
+    INTERRUPTED = "interrupted"
+    """Its worker was killed mid-trial; a resumed study re-runs it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,6 +55,16 @@ class TrialResult:
     peak_mem_gib: float | None = None
     """Peak allocated memory, max over GPUs."""
     peak_mem_reserved_gib: float | None = None
+    """Peak memory reserved by PyTorch's caching allocator, max over GPUs."""
+    peak_mem_device_gib: float | None = None
+    """Peak device memory in use (torch.cuda.mem_get_info / NVML: CUDA context, NCCL, cuBLAS
+    workspaces and fragmentation included), max over GPUs: what an OOM is decided on."""
+    backend: str = ""
+    """What actually ran, e.g. `megatron-core (update, old_log_prob); generation predicted`."""
+    launch_s: float | None = None
+    """Wall time from launch to the first measured step (start-up, model build, warm-up)."""
+    measured_s: float | None = None
+    """Wall time spent in measured steps."""
     hardware: str = ""
     """What it ran on, e.g. `4x NVIDIA H200`; `model` for estimates."""
     versions: str = ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,10 @@ class TrialSpec:
     prediction: Estimate
     """The cost model's numbers for this candidate (runners may use them to size things)."""
     seed: int = 0
+    should_stop: Callable[[int, float], bool] | None = None
+    """Called by a measuring runner after each measured step with (step index, that step's
+    tokens/s/GPU); True means Optuna's pruner wants the trial stopped: the runner stops it and
+    returns Status.PRUNED_SLOW with the partial times it has."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,6 +46,10 @@ class Predicted:
     tokens_per_s_per_gpu: float
     peak_gib: float
     phase: str
+    device_gib: float = 0.0
+    """Predicted device total at the peak (PyTorch's peak plus what lies outside it: CUDA
+    context, NCCL, workspaces, fragmentation); 0 where not modelled. Pruning compares this,
+    plus the headroom, with the GPU's capacity."""
     unfit: str = ""
     """Why it cannot run (e.g. "peak 90.1 GiB in update_actor > 79.1 GiB"); empty if it can."""
 
