@@ -20,13 +20,15 @@ def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
     ("argv", "fragment"),
     [
         (["--model", "gpt-5", "--gpus", "8"], "unknown model 'gpt-5'"),
-        (["--model", "qwen2.5-7b", "--gpus", "0"], "--gpus must be positive"),
-        (["--model", "qwen2.5-7b", "--gpus", "-8"], "--gpus must be positive"),
+        (["--model", "qwen2.5-7b", "--gpus", "0"], "argument --gpus: must be a positive"),
+        (["--model", "qwen2.5-7b", "--gpus", "-8"], "argument --gpus: must be a positive"),
         (["--model", "qwen2.5-7b", "--gpus", "12"], "not a multiple of --gpus-per-node 8"),
-        (["--model", "qwen2.5-7b", "--gpus", "5"], "no parallel layout fits"),
         (["--model", "qwen2.5-7b", "--gpus", "8", "--gpu", "v100"], "unknown GPU kind 'v100'"),
         (["--model", "qwen2.5-7b", "--gpus", "8", "--batch", "100"], "not a multiple of --mini"),
-        (["--model", "qwen2.5-7b", "--gpus", "8", "--trials", "0"], "--trials must be positive"),
+        (
+            ["--model", "qwen2.5-7b", "--gpus", "8", "--trials", "0"],
+            "argument --trials: must be a positive",
+        ),
         (["--model", "qwen2.5-7b", "--gpus", "8", "--workload", "x"], "unknown workload 'x'"),
     ],
 )
@@ -65,7 +67,8 @@ def test_run_show_export(workdir: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["show", str(csv_path), "--status", "ok", "--top", "3"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:3] == ["trial", "status", "source"] and len(table) == 4
-    tputs = [float(line.split()[5]) for line in table[1:]]
+    col = table[0].split().index("tok/s/gpu")
+    tputs = [float(line.split()[col]) for line in table[1:]]
     assert tputs == sorted(tputs, reverse=True)
 
     assert main(["export", str(csv_path), "--rank", "1"]) == 0
@@ -189,3 +192,127 @@ def test_plot_of_a_measured_leaderboard_compares_the_update() -> None:
     phase, pts = prediction_pairs(rows)
     assert phase == "update_actor" and len(pts) == len(rows) == 3
     assert all(p > 0 and m > 0 for p, m in pts)
+
+
+def test_written_files_follow_the_umask(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Leaderboard, storage and recipes get the mode `open()` would give under the user's
+    umask (scripts executable), not 0600 from a temporary file nor a fixed 0755."""
+    import os
+
+    old = os.umask(0o027)
+    try:
+        assert main(["--model", "qwen2.5-7b", "--gpus", "8", "--trials", "3", "--no-progress"]) == 0
+        csv_path = workdir / "results" / "qwen2.5-7b-h100x8-estimate.csv"
+        assert main(["export", str(csv_path), "--rank", "1", "--recipes-dir", "mine"]) == 0
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    assert csv_path.stat().st_mode & 0o777 == 0o640
+    scripts = [*Path("recipes").rglob("*.sh"), *Path("mine").rglob("*.sh")]
+    assert scripts and all(p.stat().st_mode & 0o777 == 0o750 for p in scripts)
+    written = [p for p in Path(".").rglob("*") if p.is_file()]
+    assert written and all(p.stat().st_mode & 0o007 == 0 for p in written), written
+
+
+def test_default_outputs_are_git_ignored() -> None:
+    """A study run from the checkout leaves nothing for `git status` to show: results/ (with the
+    default storage results/studies.sqlite3) and recipes/ are ignored; the project's measured
+    leaderboards are not."""
+    import shutil
+
+    repo = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (repo / ".gitignore").is_file():
+        pytest.fail("git and the checkout's .gitignore are needed")
+    outputs = [
+        "results/studies.sqlite3",
+        "results/studies.sqlite3-wal",
+        "results/my-study.csv",
+        "results/my-study/trials/0/verl.log",
+        "results/calibration.json",
+        "recipes/qwen2.5-7b/qwen2.5-7b_tp4-rtp1_h100x8.sh",
+    ]
+    out = subprocess.run(
+        ["git", "-C", str(repo), "check-ignore", "--no-index", *outputs],
+        capture_output=True,
+        text=True,
+    )
+    assert sorted(out.stdout.split()) == sorted(outputs)
+    kept = subprocess.run(
+        ["git", "-C", str(repo), "check-ignore", "--no-index", "results/dense-h200-x2.csv"],
+        capture_output=True,
+        text=True,
+    )
+    assert kept.returncode == 1
+
+
+def test_run_summary_prints_the_time_split() -> None:
+    """What a finished study prints; the facts newer summaries carry are shown when present."""
+    from types import SimpleNamespace
+
+    from tuner.cli import summary_text
+
+    base = dict(
+        name="s",
+        csv_path=Path("results/s.csv"),
+        trials_run=3,
+        trials_total=5,
+        resumed_from=2,
+        best_rows=[],
+        recipe_paths=[Path("recipes/m/a.sh")],
+    )
+    text = summary_text(SimpleNamespace(**base))
+    assert text.splitlines() == [
+        "resumed study s: 2 trials were done before",
+        "study s: 3 trials run, 5 in all; leaderboard results/s.csv",
+        "no trial finished ok: see the reason column of the leaderboard",
+        "recipe: recipes/m/a.sh",
+    ]
+    more = SimpleNamespace(
+        **base, measured_s=300.0, launch_s=80.0, other_s=20.0, pruned_before_launch=4
+    )
+    lines = summary_text(more).splitlines()
+    assert lines[1] == (
+        "study s: 3 trials run, 5 in all, 4 pruned before launch; leaderboard results/s.csv"
+    )
+    assert (
+        lines[2] == "wall time: 300 s in measured steps, 80 s launching, 20 s other (75% measuring)"
+    )
+
+
+def test_run_notes_go_to_stderr(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A note of the study (a damaged leaderboard set aside and rebuilt) is a stderr line."""
+    import tuner.study
+
+    real = tuner.study.run_study
+
+    def noted(*a: object, **k: object) -> object:
+        import dataclasses
+
+        s = real(*a, **k)  # type: ignore[arg-type]
+        return dataclasses.replace(s, notes=("results/x.csv was damaged: set aside, rebuilt",))
+
+    monkeypatch.setattr(tuner.study, "run_study", noted)
+    assert main(["--model", "qwen2.5-7b", "--gpus", "8", "--trials", "2", "--no-progress"]) == 0
+    cap = capsys.readouterr()
+    assert cap.err.splitlines() == ["tune: results/x.csv was damaged: set aside, rebuilt"]
+    assert "study qwen2.5-7b-h100x8-estimate: 2 trials run" in cap.out
+
+
+def test_headroom_reaches_the_request(workdir: Path) -> None:
+    """--headroom-gib is passed to the study as TuneRequest.headroom_gib."""
+    import dataclasses
+
+    from tuner.cli import build_parser
+    from tuner.request import build_request, build_setup
+    from tuner.runners import make_runner
+    from tuner.study import TuneRequest
+
+    if "headroom_gib" not in {f.name for f in dataclasses.fields(TuneRequest)}:
+        pytest.fail("TuneRequest has no headroom_gib field yet")
+    args = build_parser().parse_args(
+        ["run", "--model", "qwen2.5-7b", "--gpus", "8", "--headroom-gib", "6.5"]
+    )
+    req = build_request(args, build_setup(args), make_runner("estimate"))
+    assert req.headroom_gib == 6.5

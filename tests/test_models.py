@@ -73,9 +73,39 @@ def test_reads_moe_config(tmp_path: Path) -> None:
         "num_experts": 128,
         "num_experts_per_tok": 8,
         "moe_intermediate_size": 768,
+        "model_type": "qwen3_moe",
     }
     m = get_model(str(_write(tmp_path, cfg)))
     assert m.num_params == REGISTRY["qwen3-30b-moe"].num_params
+    assert m.qk_layernorm  # qwen3 builds q_norm/k_norm without a config flag
+
+
+def test_qk_layernorm_only_where_the_model_has_it(tmp_path: Path) -> None:
+    """Issue 12: ModelSpec had no QK-norm field; the megatron worker guessed False."""
+    base = {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 100,
+    }
+    assert not get_model(str(_write(_mk(tmp_path / "a"), {**base, "model_type": "qwen2"}))).qk_layernorm
+    assert get_model(str(_write(_mk(tmp_path / "b"), {**base, "model_type": "qwen3"}))).qk_layernorm
+    assert REGISTRY["qwen3-8b"].qk_layernorm and not REGISTRY["llama3.1-8b"].qk_layernorm
+
+
+def test_one_flops_formula() -> None:
+    """The estimator's training FLOPs are the model's (tuner.models), not a copy."""
+    from tuner.estimate.context import get_context
+    from tuner.estimate.profile import Profile
+    from tuner.hardware import Cluster, get_gpu
+    from tuner.workload import get_workload
+
+    m = REGISTRY["qwen3-30b-moe"]
+    ctx = get_context(m, Cluster(gpu=get_gpu("h100"), num_gpus=8), get_workload("dapo-math"), Profile())
+    assert ctx.forward_flops_per_token() == m.forward_flops(1.0, ctx.seq_eff)
+    assert m.training_flops([10, 20]) == 3 * m.forward_flops(30, 500)
 
 
 @pytest.mark.parametrize(
@@ -106,3 +136,8 @@ def test_malformed_config_is_a_user_error(tmp_path: Path, content: str, message:
 def test_unknown_model_names_the_registry() -> None:
     with pytest.raises(UserError, match="qwen3-30b-moe"):
         get_model("gpt-5")
+
+
+def _mk(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p

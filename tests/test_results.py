@@ -1,12 +1,27 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
+import os
 from pathlib import Path
 
 import pytest
 
 from tuner.errors import UserError
-from tuner.results import COLUMNS, format_table, rank, read_raw, read_rows, upsert_row
+from tuner.fileio import write_atomic
+from tuner.results import (
+    COLUMNS,
+    SCHEMA_VERSION,
+    Status,
+    TrialRecord,
+    format_table,
+    rank,
+    read_raw,
+    read_rows,
+    upsert_row,
+)
+
+DATA = Path(__file__).parent / "data" / "schema1"
 
 
 def _row(trial: int, tput: float | None, status: str = "ok") -> dict[str, object]:
@@ -29,13 +44,97 @@ def test_upsert_replaces_by_trial_and_keeps_others(tmp_path: Path) -> None:
     assert [r["trial"] for r in rows] == ["0", "1"]
     assert rows[0]["tokens_per_s_per_gpu"] == "150"
     assert list(rows[0]) == list(COLUMNS)
-    assert all(r["schema_version"] == "1" for r in rows)
+    assert all(r["schema_version"] == "2" for r in rows)
     assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_upsert_rejects_unknown_columns(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown leaderboard columns"):
         upsert_row(tmp_path / "lb.csv", {"study": "s", "trial": 0, "throughput": 1})
+
+
+def test_columns_come_from_the_record_with_units_and_one_name_per_quantity() -> None:
+    names = [f.name for f in dataclasses.fields(TrialRecord)]
+    assert COLUMNS[0] == "schema_version" and SCHEMA_VERSION == 2
+    assert [c for c in COLUMNS if c in names] == [n for n in names if n != "knobs"]
+    for c in ("throughput", "mfu", "throughput_tokens_per_s_per_gpu"):
+        assert c not in COLUMNS
+    for c in (
+        "tokens_per_s_per_gpu",
+        "mfu_pct",
+        "peak_mem_gib",
+        "peak_mem_reserved_gib",
+        "peak_mem_device_gib",
+        "pred_peak_mem_gib",
+        "pred_device_mem_gib",
+        "launch_s",
+        "measured_s",
+        "prompt_mean_len",
+        "response_mean_len",
+        "backend",
+        "pred_versions",
+        "storage",
+    ):
+        assert c in COLUMNS, c
+    assert len(COLUMNS) == len(set(COLUMNS))
+
+
+def test_record_round_trips_through_dict_and_row() -> None:
+    rec = TrialRecord(
+        study="s",
+        trial=7,
+        status=Status.OK,
+        tokens_per_s_per_gpu=1234.5,
+        peak_mem_device_gib=70.25,
+        pred_tokens_per_s_per_gpu=1500.0,
+        pred_fits=True,
+        tp=4,
+        knobs={"use_dynamic_bsz": True, "rollout_tp": 2, "gpu_memory_utilization": 0.6},
+        extra={"seed": "0", "phase": "step"},
+        prompt_mean_len=204.8,
+    )
+    assert TrialRecord.from_dict(rec.to_dict()) == rec
+    back = TrialRecord.from_row(rec.to_row())
+    assert back == rec
+    row = rec.to_row()
+    assert row["tokens_per_s_per_gpu"] == "1234.5" and row["pred_tokens_per_s_per_gpu"] == "1500"
+    assert row["extra"] == "seed=0;phase=step" and row["schema_version"] == "2"
+
+
+@pytest.mark.parametrize("name", ["dense-h200-x2.csv", "moe-h200-x2.csv"])
+def test_schema_1_leaderboards_still_read(name: str) -> None:
+    rows = read_rows(DATA / name)
+    assert rows and all(r["schema_version"] == "1" for r in rows)
+    recs = [TrialRecord.from_row(r) for r in rows]
+    assert [r.trial for r in recs] == list(range(len(rows)))
+    for raw, rec in zip(rows, recs, strict=True):
+        assert rec.status is Status(raw["status"])
+        assert rec.train_parallel == raw["train_parallel"]
+        if raw["tokens_per_s_per_gpu"]:
+            assert rec.tokens_per_s_per_gpu == pytest.approx(float(raw["tokens_per_s_per_gpu"]))
+        # schema 1 kept launch time and origin in `extra`; schema 2 has columns
+        assert rec.launch_s is not None and "launch_s" not in rec.extra
+        assert "origin" not in rec.extra
+        assert rec.pred_peak_mem_gib == pytest.approx(float(raw["pred_peak_mem_gib"]))
+        again = TrialRecord.from_row(rec.to_row())
+        assert again == rec
+
+
+def test_a_newer_schema_is_refused() -> None:
+    with pytest.raises(UserError, match="upgrade verl-tuner"):
+        TrialRecord.from_row({"schema_version": "9", "study": "s", "trial": "0", "status": "ok"})
+
+
+def test_write_atomic_follows_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o027)
+    try:
+        p = write_atomic(tmp_path / "sub" / "f.txt", "hello\n")
+    finally:
+        os.umask(old)
+    assert p.read_text() == "hello\n"
+    assert p.stat().st_mode & 0o777 == 0o640
+    write_atomic(p, b"bytes")
+    assert p.read_bytes() == b"bytes" and not list(p.parent.glob("*.tmp"))
 
 
 def test_rank_sorts_numerically_with_missing_last(tmp_path: Path) -> None:

@@ -128,7 +128,6 @@ def test_pool_holds_every_value_the_sampler_offers() -> None:
     for knob in (
         "sequence_parallel",
         "param_offload",
-        "grad_offload",
         "optimizer_offload",
         "use_fused_kernels",
         "use_dynamic_bsz",
@@ -276,3 +275,117 @@ def test_no_dead_keys() -> None:
     assert ov["trainer.logger"] == ["console", "file"]
     assert not any(k.startswith("actor_rollout_ref.ref.") for k in ov)  # DAPO: no reference
     assert os.fspath(verl_command.metrics_path(Path("/t"), "e")) == "/t/verl-tuner/e.jsonl"
+
+
+# --- every value of every knob, composed (issues 10 and 12) ----------------------------------
+
+
+def _knob_values() -> list[tuple[str, Any, Candidate, Any]]:
+    """(knob, value, candidate, model): each value of each knob on a valid base candidate."""
+    from dataclasses import replace
+
+    from tuner.space import (
+        ATTENTION_BACKENDS,
+        KNOBS,
+        MAX_NUM_SEQS_CHOICES,
+        MOE_DISPATCHERS,
+        ParallelLayout,
+    )
+
+    moe = get_model("qwen3-30b-moe")
+    base = Candidate(
+        layout=ParallelLayout(world=16, tp=2, pp=2, ep=4),
+        sequence_parallel=True,
+        ppo_max_token_len_per_gpu=10240,
+        log_prob_max_token_len_per_gpu=20480,
+        rollout_tp=2,
+    )
+    values: dict[str, list[Any]] = {
+        "recompute_granularity": list(RECOMPUTE_GRANULARITIES),
+        "recompute_method": list(RECOMPUTE_METHODS),
+        "recompute_num_layers": [1, 3],
+        "recompute_modules": ["core_attn", "core_attn,layernorm", "moe_act", "moe", "mlp"],
+        "attention_backend": list(ATTENTION_BACKENDS),
+        "moe_token_dispatcher_type": list(MOE_DISPATCHERS),
+        "max_num_seqs": list(MAX_NUM_SEQS_CHOICES),
+        "gpu_memory_utilization": list(GPU_MEMORY_UTILIZATIONS),
+        "max_num_batched_tokens": [10240, 20480],
+        "ppo_max_token_len_per_gpu": [10240, 40960],
+        "log_prob_max_token_len_per_gpu": [10240, 102400],
+        "rollout_tp": [1, 2, 4, 8, 16],
+        "rollout_dp": [1, 2],
+        "rollout_ep": [1, 4],
+    }
+    out = []
+    for k in KNOBS:
+        if k.name == "layout" or k.name in ("tp", "pp", "vpp", "cp", "ep", "etp"):
+            continue
+        if k.name in ("first_stage_layers", "last_stage_layers"):
+            lay = ParallelLayout(world=16, tp=2, pp=4, first_stage_layers=10, last_stage_layers=14)
+            out.append((k.name, getattr(lay, k.name), replace(base, layout=lay), moe))
+            continue
+        field_type = type(k.value(base))
+        vals = values.get(k.name, [True, False] if field_type is bool else [k.value(base)])
+        for v in vals:
+            c = replace(base, **{k.name: v})
+            if k.name.startswith("recompute_") and k.name != "recompute_granularity":
+                gran = "selective" if k.name == "recompute_modules" else "full"
+                c = replace(c, recompute_granularity=gran)
+            if k.name in ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu"):
+                c = replace(c, use_dynamic_bsz=False)
+            if k.name == "rollout_ep" and v > 1:
+                c = replace(c, rollout_tp=2, rollout_dp=2)
+            out.append((k.name, v, c, moe))
+    return out
+
+
+def test_every_knob_sets_a_verl_key() -> None:
+    """No knob is scored that no verl key sets."""
+    from tuner.space import KNOBS
+
+    for k in KNOBS:
+        assert k.verl_keys or k.name == "layout", k.name
+        assert k.cost, k.name
+
+
+def test_every_value_of_every_knob_composes_and_reads_back(
+    compose: Callable[[list[str]], Any], model_dir: Path
+) -> None:
+    """Each value of each knob goes through verl 0.9.1's ppo_megatron_trainer; the composed
+    config holds, under each of the knob's keys, the value the estimator scored."""
+    from omegaconf import OmegaConf
+
+    from tuner.space import KNOB_BY_NAME
+
+    cl = Cluster(gpu=get_gpu("h100"), num_gpus=16)
+    w = get_workload("grpo-math")
+    seen: set[str] = set()
+    for name, value, c, m in _knob_values():
+        knob = KNOB_BY_NAME[name]
+        assert knob.value(c) == value
+        cfg = compose(verl_command.override_args(_overrides(c, m, cl, w, model_dir)))
+        for key in knob.verl_keys:
+            got = OmegaConf.select(cfg, key.lstrip("+"))
+            got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+            assert got == knob.to_verl(value), (name, key, got, value)
+            # the ref's transformer config follows the actor's
+            if ".override_transformer_config." in key:
+                ref = OmegaConf.select(cfg, key.lstrip("+").replace(".actor.", ".ref.", 1))
+                ref = OmegaConf.to_container(ref) if OmegaConf.is_config(ref) else ref
+                assert ref == got, key
+        seen.add(name)
+    assert seen == {k for k in KNOB_BY_NAME if k not in ("layout", "tp", "pp", "vpp", "cp", "ep", "etp")}
+
+
+def test_max_num_seqs_is_always_written_and_verls_default_is_256(
+    compose: Callable[[list[str]], Any],
+) -> None:
+    from tuner.space import VERL_DEFAULT_MAX_NUM_SEQS
+
+    assert compose([]).actor_rollout_ref.rollout.max_num_seqs == VERL_DEFAULT_MAX_NUM_SEQS
+    m, cl, w = get_model("qwen2.5-7b"), Cluster(gpu=get_gpu("h100"), num_gpus=8), None
+    w = get_workload("dapo-math")
+    c = sample(RandomSuggester(random.Random(1)), SearchSpace(model=m, cluster=cl, workload=w))
+    assert verl_command.overrides(c, m, cl, w)["actor_rollout_ref.rollout.max_num_seqs"] == (
+        c.max_num_seqs
+    )

@@ -1,17 +1,38 @@
-"""`tune`: argument parsing and printing only; the work happens in the library."""
+"""`tune`: parse the command line, call the library, print.
+
+Every argument is checked before a command creates or launches anything: its syntax by the
+`type=` functions of `tuner.cli_args`, what needs the file system by `cli_args.validate`. Bad
+input, and a file-system error inside a command (a read-only folder, a file where a folder
+should be), is one line on stderr and exit code 2. When the reader of the output goes away
+(`tune show ... | head`), tune stops quietly with exit code 1, as Python's documentation
+advises for SIGPIPE (library/signal.html, "Note on SIGPIPE").
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner.cli_args import (
+    OneLineParser,
+    fraction,
+    layout_text,
+    model_arg,
+    non_negative_float,
+    non_negative_int,
+    os_error_line,
+    path_text,
+    positive_float,
+    positive_int,
+    seed,
+    study_name,
+    validate,
+)
 from tuner.errors import UserError
-
-SUBCOMMANDS = ("run", "show", "export", "plot", "models", "estimate", "calibrate")
 
 DESCRIPTION = """\
 Find the fastest verl Megatron configuration for a model, an RL workload and a GPU count.
@@ -20,6 +41,7 @@ Find the fastest verl Megatron configuration for a model, an RL workload and a G
   tune show results/<study>.csv                 ranked leaderboard (ours or a reference CSV)
   tune export results/<study>.csv --rank 1      the best row as a runnable verl script
   tune plot results/<study>.csv                 search progress and best layouts as a PNG
+  tune report results/<study>.csv               one HTML page: the answer, progress, costs
   tune models                                   the model registry
   tune estimate --model qwen2.5-7b --gpus 8 --layout tp4pp2    the cost model for one layout
 """
@@ -29,11 +51,14 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         required=True,
+        type=model_arg,
         help="registry name (see `tune models`) or a path to a Hugging Face "
         "config.json or its folder",
     )
-    p.add_argument("--gpus", type=int, required=True, help="GPUs in all")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--gpus", type=positive_int, required=True, help="GPUs in all")
+    p.add_argument(
+        "--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default 8)"
+    )
     p.add_argument("--gpu", default="h100", help="GPU kind: h100, h200, h20, a100 (default h100)")
 
 
@@ -48,19 +73,21 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         "8192-token responses, 512 prompts x 16, mini batch 32)",
     )
     g.add_argument("--algorithm", choices=("grpo", "dapo", "ppo"))
-    g.add_argument("--prompt-len", type=int, help="max prompt tokens")
-    g.add_argument("--response-len", type=int, help="max response tokens")
+    g.add_argument("--prompt-len", type=positive_int, help="max prompt tokens")
+    g.add_argument("--response-len", type=positive_int, help="max response tokens")
     g.add_argument(
         "--response-mean",
-        type=int,
+        type=positive_int,
         help="mean response tokens (default: 15%% of the max, early-training math runs)",
     )
     g.add_argument(
-        "--prompt-mean", type=int, help="mean prompt tokens, unpadded (default: 10%% of the max)"
+        "--prompt-mean",
+        type=positive_int,
+        help="mean prompt tokens, unpadded (default: 10%% of the max)",
     )
-    g.add_argument("--batch", type=int, help="prompts per step (data.train_batch_size)")
-    g.add_argument("--n", type=int, help="responses per prompt (rollout.n)")
-    g.add_argument("--mini-batch", type=int, help="PPO mini batch in prompts")
+    g.add_argument("--batch", type=positive_int, help="prompts per step (data.train_batch_size)")
+    g.add_argument("--n", type=positive_int, help="responses per prompt (rollout.n)")
+    g.add_argument("--mini-batch", type=positive_int, help="PPO mini batch in prompts")
 
 
 def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
@@ -79,12 +106,12 @@ def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--train-file",
-        type=Path,
+        type=path_text,
         help="a verl parquet of prompts (default: a synthetic one of the workload's lengths)",
     )
     g.add_argument(
         "--reward-fn",
-        type=Path,
+        type=path_text,
         help="a Python file with compute_score() (default: reward.py beside --train-file, "
         "else verl's scorer for each row's data_source)",
     )
@@ -106,22 +133,8 @@ def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _verl_runner_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "launcher": args.launcher,
-        "model_path": args.model_path,
-        "train_file": args.train_file,
-        "reward_fn": args.reward_fn,
-        "ray_address": args.ray_address,
-        "slurm_partition": args.slurm_partition,
-        "slurm_account": args.slurm_account,
-        "slurm_args": args.slurm_arg,
-        "slurm_setup": args.slurm_setup,
-    }
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tune", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
     )
     sub = parser.add_subparsers(dest="command")
@@ -138,19 +151,19 @@ def build_parser() -> argparse.ArgumentParser:
     g = run.add_argument_group("search")
     g.add_argument(
         "--trials",
-        type=int,
+        type=positive_int,
         default=50,
         help="trials the study should hold; a resumed study runs the rest (default 50)",
     )
     g.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=None,
         help="stop starting trials after this many seconds (default: none)",
     )
     g.add_argument(
         "--trial-timeout",
-        type=float,
+        type=positive_float,
         default=1800.0,
         help="seconds one launched trial may run before it ends as `timeout` (default 1800)",
     )
@@ -168,54 +181,123 @@ def build_parser() -> argparse.ArgumentParser:
         "(default results/studies.sqlite3)",
     )
     g.add_argument(
-        "--study", default="", help="study name (default: model-gpuxN[-workload]-runner)"
+        "--study",
+        type=study_name,
+        default="",
+        help="study name: ASCII letters, digits and . _ -, at most 100 "
+        "(default: model-gpuxN[-workload]-runner)",
     )
-    g.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    g.add_argument("--seed", type=seed, default=0, help="sampler seed (default 0)")
     g.add_argument(
         "--no-warm-start",
         action="store_true",
         help="do not try the reference layouts and the estimator's best first",
     )
-    g.add_argument("--results-dir", type=Path, default=Path("results"))
-    g.add_argument("--recipes-dir", type=Path, default=Path("recipes"))
+    g.add_argument("--results-dir", type=path_text, default=Path("results"))
+    g.add_argument("--recipes-dir", type=path_text, default=Path("recipes"))
     g.add_argument(
         "--recipes",
-        type=int,
+        type=non_negative_int,
         default=3,
-        help="write recipe scripts for this many best rows (default 3)",
+        help="write recipe scripts for this many best rows (default 3; 0: none)",
+    )
+    g.add_argument(
+        "--headroom-gib",
+        type=non_negative_float,
+        default=None,
+        help="GPU memory to keep free when pruning what cannot fit (default: learned from "
+        "measured trials)",
     )
     g.add_argument(
         "--profile",
-        type=Path,
+        type=path_text,
         default=None,
         help="calibration profile (default results/calibration.json if present)",
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_verl_runner_args(run)
 
-    show = sub.add_parser("show", help="print a leaderboard, ranked")
-    show.add_argument("csv", type=Path, nargs="+", help="leaderboard CSV(s), ours or reference")
-    show.add_argument("--status", help="only rows with this status (ok, oom, failed, ...)")
-    show.add_argument("--top", type=int, default=None, help="only the first N rows")
+    show = sub.add_parser(
+        "show",
+        help="print leaderboards, ranked, references beside the tuned rows",
+        description="Rank the rows of one or more leaderboards (ours or published reference "
+        "CSVs). vs_ref is each row's throughput over the best ok reference row (a published "
+        "row, or a reference layout run in the study) of the same model on the same GPU kind "
+        "and count.",
+    )
+    show.add_argument(
+        "csv", type=path_text, nargs="+", help="leaderboard CSV(s), ours or reference"
+    )
+    show.add_argument("--gpu", help="only rows of this GPU kind (h200) or kind and count (h200x2)")
+    show.add_argument("--model", help="only rows whose model contains this text")
+    show.add_argument(
+        "--status", help="only rows with this status (ok, oom, failed, ...; comma-separated)"
+    )
+    show.add_argument(
+        "--source", help="only rows from this source (estimate, megatron, verl, reference)"
+    )
+    show.add_argument("--top", type=positive_int, default=None, help="only the first N rows")
     show.add_argument(
         "--sort",
-        help="column to sort by (default: tokens_per_s_per_gpu, or step_s where a leaderboard "
-        "has no throughput column)",
+        help="column to sort by (default: tokens_per_s_per_gpu, or step_s where no row has a "
+        "throughput)",
     )
     show.add_argument("--asc", action="store_true", help="ascending")
-    show.add_argument("--columns", help="comma-separated columns to print")
+    show.add_argument(
+        "--columns", help="comma-separated columns to print (names or headings; `all`)"
+    )
+    show.add_argument(
+        "--format",
+        choices=("table", "csv", "json", "markdown"),
+        default="table",
+        help="table (default), csv, json (a list of objects) or markdown",
+    )
 
     exp = sub.add_parser("export", help="write a row as a runnable verl recipe script")
-    exp.add_argument("csv", type=Path, help="leaderboard CSV")
-    exp.add_argument("--rank", type=int, default=1, help="rank among ok rows (default 1)")
-    exp.add_argument("--trial", type=int, default=None, help="or a trial number")
-    exp.add_argument("--steps", type=int, default=3, help="trainer.total_training_steps")
-    exp.add_argument("--recipes-dir", type=Path, default=Path("recipes"))
+    exp.add_argument("csv", type=path_text, help="leaderboard CSV")
+    exp.add_argument("--rank", type=positive_int, default=1, help="rank among ok rows (default 1)")
+    exp.add_argument("--trial", type=non_negative_int, default=None, help="or a trial number")
+    exp.add_argument(
+        "--steps", type=positive_int, default=3, help="trainer.total_training_steps (default 3)"
+    )
+    exp.add_argument("--recipes-dir", type=path_text, default=Path("recipes"))
 
     plot = sub.add_parser("plot", help="draw a leaderboard as a PNG (needs matplotlib)")
-    plot.add_argument("csv", type=Path, help="leaderboard CSV")
+    plot.add_argument("csv", type=path_text, help="leaderboard CSV")
     plot.add_argument(
-        "--out", type=Path, default=None, help="PNG path (default: beside the CSV, same name)"
+        "--out", type=path_text, default=None, help="PNG path (default: beside the CSV, same name)"
+    )
+
+    rep = sub.add_parser(
+        "report",
+        help="one self-contained HTML report of a study (needs matplotlib)",
+        description="Write one HTML file (figures inline, opens offline): the best "
+        "configuration and its ratio to the best reference on the same GPUs, search progress, "
+        "throughput vs peak memory, knob importances (fANOVA, from the Optuna storage), time "
+        "per phase, failures, cost, predicted vs measured. Prints its path.",
+    )
+    rep.add_argument("csv", type=path_text, help="leaderboard CSV")
+    rep.add_argument(
+        "--storage",
+        default=None,
+        help="the study's Optuna storage, for knob importances (default: the one the CSV "
+        "names, else studies.sqlite3 beside the CSV)",
+    )
+    rep.add_argument(
+        "--reference",
+        type=path_text,
+        action="append",
+        default=[],
+        metavar="CSV",
+        help="published reference CSV to compare with (repeatable; default: the model's "
+        "files under tests/data/anchors or $TUNER_REFERENCE_DIR)",
+    )
+    rep.add_argument(
+        "-o",
+        "--out",
+        type=path_text,
+        default=None,
+        help="HTML path (default: beside the CSV, same name)",
     )
 
     sub.add_parser("models", help="list the model registry")
@@ -223,17 +305,22 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="the cost model's prediction for one configuration")
     _add_cluster_args(est)
     _add_workload_args(est)
-    est.add_argument("--layout", required=True, help="tp4pp2vpp2, tp2cp2, ep8cp4, tp4ep16, ...")
-    est.add_argument("--rollout-tp", type=int, default=1)
+    est.add_argument(
+        "--layout",
+        required=True,
+        type=layout_text,
+        help="tp4pp2vpp2, tp2cp2, ep8cp4, tp4ep16, ...",
+    )
+    est.add_argument("--rollout-tp", type=positive_int, default=1)
     est.add_argument(
         "--max-token-len",
-        type=int,
+        type=positive_int,
         default=None,
         help="ppo_max_token_len_per_gpu (default 2x prompt+response)",
     )
     est.add_argument(
         "--logprob-max-token-len",
-        type=int,
+        type=positive_int,
         default=None,
         help="log_prob_max_token_len_per_gpu (default 3x prompt+response)",
     )
@@ -241,22 +328,22 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     est.add_argument("--no-fused-kernels", action="store_true")
     est.add_argument("--no-sequence-parallel", action="store_true")
-    est.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    est.add_argument("--gpu-memory-utilization", type=fraction, default=0.6)
     est.add_argument(
         "--micro-batch",
-        type=int,
+        type=positive_int,
         default=None,
         help="fixed micro-batch size per GPU instead of dynamic token budgets",
     )
     est.add_argument(
         "--max-num-batched-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="vLLM tokens per scheduler step (default prompt + response)",
     )
     est.add_argument(
         "--profile",
-        type=Path,
+        type=path_text,
         default=None,
         help="calibration profile (default results/calibration.json if present)",
     )
@@ -270,16 +357,16 @@ def build_parser() -> argparse.ArgumentParser:
         "whose source is a real runner, not the estimator), by least squares on log errors, "
         "and store them as the profile `tune` uses by default.",
     )
-    cal.add_argument("csv", type=Path, nargs="+", help="leaderboard CSV(s) with measured rows")
+    cal.add_argument("csv", type=path_text, nargs="+", help="leaderboard CSV(s) with measured rows")
     cal.add_argument(
         "--out",
-        type=Path,
+        type=path_text,
         default=None,
         help="profile to write (default results/calibration.json)",
     )
     cal.add_argument(
         "--start",
-        type=Path,
+        type=path_text,
         default=None,
         help="profile to start from (default: the built-in constants)",
     )
@@ -290,80 +377,78 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> set[str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return set(action.choices)
+    return set()
+
+
+def _stdout_gone() -> int:
+    """The reader of stdout went away (`tune show ... | head`): stop quietly. Python flushes
+    stdout at exit; pointing it at /dev/null keeps that flush from raising again. Exit 1, as
+    Python's documentation does (library/signal.html, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in tests)
+        pass
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list and args_list[0] not in SUBCOMMANDS and args_list[0] not in ("-h", "--help"):
-        args_list.insert(0, "run")
     parser = build_parser()
-    args = parser.parse_args(args_list)
-    if args.command is None:
-        parser.print_help()
-        return 2
     try:
-        return int(COMMANDS[args.command](args) or 0)
+        if args_list and not args_list[0].startswith("-"):
+            if args_list[0] not in _subcommands(parser):
+                known = ", ".join(sorted(_subcommands(parser)))
+                raise UserError(
+                    f"unknown command {args_list[0]!r}: use one of {known}, or start with "
+                    "--model to search"
+                )
+        elif args_list and args_list[0] not in ("-h", "--help"):
+            args_list.insert(0, "run")
+        args = parser.parse_args(args_list)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        validate(args)
+        code = int(COMMANDS[args.command](args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return code
     except UserError as e:
-        print(f"tune: error: {e}", file=sys.stderr)
+        print(f"tune: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return _stdout_gone()
+    except OSError as e:
+        print(f"tune: error: {os_error_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tune: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
 
 
-def _cluster_model_workload(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    from tuner.hardware import Cluster, get_gpu
-    from tuner.models import get_model
-    from tuner.workload import get_workload
-
-    model = get_model(args.model)
-    cluster = Cluster(gpu=get_gpu(args.gpu), num_gpus=args.gpus, gpus_per_node=args.gpus_per_node)
-    workload = get_workload(args.workload).with_overrides(
-        algorithm=args.algorithm,
-        prompt_len=args.prompt_len,
-        response_len=args.response_len,
-        response_mean=args.response_mean,
-        prompt_mean=args.prompt_mean,
-        batch_size=args.batch,
-        n=args.n,
-        mini_batch_size=args.mini_batch,
-    )
-    return model, cluster, workload
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from tuner.estimate import load_profile
+    from tuner.request import build_request, build_setup, check_request_paths, verl_runner_options
     from tuner.runners import make_runner
-    from tuner.study import Progress, TuneRequest, run_study
+    from tuner.study import Progress, run_study
 
-    model, cluster, workload = _cluster_model_workload(args)
-    options = _verl_runner_options(args) if args.runner == "verl" else {}
+    setup = build_setup(args)
+    options = verl_runner_options(args) if args.runner == "verl" else {}
     runner = make_runner(args.runner, **options)
+    req = build_request(args, setup, runner)
+    check_request_paths(req)
     if args.runner == "auto" and runner.name == "estimate":
         print(
             "tune: no GPU here: using the estimator (rows say source=estimate; nothing is measured)"
         )
     else:
         print(f"tune: runner {runner.name}")
-    why = runner.space_limits(model).why
+    why = runner.space_limits(setup.model).why
     if why:
         print(f"tune: {why}")
-    req = TuneRequest(
-        model=model,
-        model_arg=args.model,
-        cluster=cluster,
-        workload=workload,
-        runner=runner,
-        trials=args.trials,
-        timeout_s=args.timeout,
-        trial_timeout_s=args.trial_timeout,
-        storage=args.storage,
-        study_name=args.study,
-        results_dir=args.results_dir,
-        recipes_dir=args.recipes_dir,
-        recipes=args.recipes,
-        seed=args.seed,
-        warm_start=not args.no_warm_start,
-        profile=load_profile(args.profile),
-    )
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -390,98 +475,93 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    from tuner.results import SHOW_COLUMNS, format_table
-
-    if summary.resumed_from:
-        print(f"resumed study {summary.name}: {summary.resumed_from} trials were done before")
-    print(
-        f"study {summary.name}: {summary.trials_run} trials run, {summary.trials_total} in all; "
-        f"leaderboard {summary.csv_path}"
-    )
-    if summary.best_rows:
-        print(format_table(summary.best_rows, [c for c in SHOW_COLUMNS if c != "reason"]))
-    else:
-        print("no trial finished ok: see the reason column of the leaderboard")
-    for p in summary.recipe_paths:
-        print(f"recipe: {p}")
+    for note in getattr(summary, "notes", ()) or ():
+        print(f"tune: {note}", file=sys.stderr)
+    print(summary_text(summary))
     return 0
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    from tuner.results import SHOW_COLUMNS, format_table, rank, read_rows
+def summary_text(summary: Any) -> str:
+    """What a finished `tune run` prints on stdout: the study, how its trials' wall time split,
+    the best rows and the recipes (StudySummary fields this version may lack: getattr)."""
+    from tuner.results import SHOW_COLUMNS, format_table
 
-    rows = [r for path in args.csv for r in read_rows(path)]
-    rows = rank(
-        rows,
-        sort_by=args.sort,
-        status=args.status,
-        top=args.top,
-        descending=False if args.asc else None,
+    lines = []
+    if summary.resumed_from:
+        lines.append(
+            f"resumed study {summary.name}: {summary.resumed_from} trials were done before"
+        )
+    pruned = getattr(summary, "pruned_before_launch", 0) or 0
+    lines.append(
+        f"study {summary.name}: {summary.trials_run} trials run, {summary.trials_total} in all"
+        + (f", {pruned} pruned before launch" if pruned else "")
+        + f"; leaderboard {summary.csv_path}"
     )
-    cols = args.columns.split(",") if args.columns else SHOW_COLUMNS
-    if len(args.csv) > 1 and not args.columns:
-        cols = ("study", *cols)
-    print(format_table(rows, cols))
+    measured = float(getattr(summary, "measured_s", 0.0) or 0.0)
+    launch = float(getattr(summary, "launch_s", 0.0) or 0.0)
+    other = float(getattr(summary, "other_s", 0.0) or 0.0)
+    if measured + launch > 0:
+        lines.append(
+            f"wall time: {measured:.0f} s in measured steps, {launch:.0f} s launching"
+            + (f", {other:.0f} s other" if other else "")
+            + f" ({100 * measured / (measured + launch + other):.0f}% measuring)"
+        )
+    if summary.best_rows:
+        lines.append(format_table(summary.best_rows, [c for c in SHOW_COLUMNS if c != "reason"]))
+    else:
+        lines.append("no trial finished ok: see the reason column of the leaderboard")
+    lines += [f"recipe: {p}" for p in summary.recipe_paths]
+    return "\n".join(lines)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from tuner.leaderboard import (
+        load_leaderboard,
+        rank,
+        render,
+        resolve_columns,
+        select,
+        with_reference_ratio,
+    )
+
+    df = with_reference_ratio(load_leaderboard(args.csv))
+    df = select(df, gpu=args.gpu, model=args.model, status=args.status, source=args.source)
+    df = rank(df, sort=args.sort, ascending=True if args.asc else None, top=args.top)
+    cols = resolve_columns(df, args.columns.split(",") if args.columns else None)
+    if not args.columns and len(args.csv) > 1:
+        cols = ["study", *cols]
+    print(render(df, cols, args.format))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tuner import recipes
-    from tuner.hardware import Cluster, get_gpu
-    from tuner.models import get_model
-    from tuner.results import rank, read_raw
-    from tuner.space import Candidate
-    from tuner.workload import Workload, get_workload
+    from tuner.export import export_recipe
 
-    rows = read_raw(args.csv)
-    if args.trial is not None:
-        chosen = [r for r in rows if r.get("trial") == str(args.trial)]
-        if not chosen:
-            raise UserError(f"no trial {args.trial} in {args.csv}")
-        row = chosen[0]
-    else:
-        ok = rank(rows, status="ok")
-        if not 1 <= args.rank <= len(ok):
-            raise UserError(f"{args.csv} has {len(ok)} ok rows: pass --rank 1..{len(ok)}")
-        row = ok[args.rank - 1]
-    model = get_model(row["model"])
-    cluster = Cluster(
-        gpu=get_gpu(row["gpu"]),
-        num_gpus=int(row["num_gpus"]),
-        gpus_per_node=int(row["gpus_per_node"]),
+    print(
+        export_recipe(
+            args.csv,
+            rank=args.rank,
+            trial=args.trial,
+            steps=args.steps,
+            recipes_dir=args.recipes_dir,
+        )
     )
-    base = get_workload(row["workload"]) if row.get("workload") in _presets() else Workload()
-    workload = base.with_overrides(
-        algorithm=row["algorithm"],
-        prompt_len=int(row["max_prompt_len"]),
-        response_len=int(row["max_response_len"]),
-        batch_size=int(row["bs"]),
-        n=int(row["n"]),
-        mini_batch_size=int(row["mini_bs"]),
-    )
-    cand = Candidate.from_record(row, cluster.num_gpus)
-    recipe = recipes.render(
-        cand, model, cluster, workload, steps=args.steps, origin=recipes.origin_of(args.csv, row)
-    )
-    path = recipes.write(
-        recipe, args.recipes_dir / recipes._slug(model.name), suffix=f"t{row['trial']}"
-    )
-    print(path)
     return 0
 
 
-def _presets() -> set[str]:
-    from tuner.workload import PRESETS
-
-    return set(PRESETS)
-
-
 def cmd_plot(args: argparse.Namespace) -> int:
+    from tuner.leaderboard import load_leaderboard
     from tuner.plots import plot_leaderboard
-    from tuner.results import read_rows
 
     out = args.out or args.csv.with_suffix(".png")
-    print(plot_leaderboard(read_rows(args.csv), out, title=args.csv.stem))
+    print(plot_leaderboard(load_leaderboard(args.csv), out, title=args.csv.stem))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tuner.report import write_report
+
+    print(write_report(args.csv, args.out, storage=args.storage, references=args.reference))
     return 0
 
 
@@ -503,137 +583,32 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from tuner.estimate import estimate, load_profile
-    from tuner.space import Candidate, ParallelLayout, validate
+    import json
 
-    model, cluster, workload = _cluster_model_workload(args)
-    lay = ParallelLayout.parse(args.layout, cluster.num_gpus)
-    seq = workload.max_seq_len
-    fixed = args.micro_batch is not None
-    c = Candidate(
-        layout=lay,
-        sequence_parallel=lay.tp > 1 and not args.no_sequence_parallel,
-        recompute_granularity=args.recompute,
-        param_offload=args.offload,
-        grad_offload=args.offload,
-        optimizer_offload=args.offload,
-        use_fused_kernels=not args.no_fused_kernels,
-        use_dynamic_bsz=not fixed,
-        ppo_max_token_len_per_gpu=args.max_token_len or 2 * seq,
-        log_prob_max_token_len_per_gpu=args.logprob_max_token_len or 3 * seq,
-        ppo_micro_batch_size_per_gpu=args.micro_batch or 1,
-        log_prob_micro_batch_size_per_gpu=args.micro_batch or 1,
-        rollout_tp=args.rollout_tp,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_batched_tokens=args.max_num_batched_tokens or seq,
-    )
-    problems = validate(c, model, cluster, workload)
-    if problems:
-        raise UserError(f"layout {args.layout}: " + "; ".join(problems))
-    e = estimate(c, model, cluster, workload, load_profile(args.profile))
+    from tuner.estimate import estimate, load_profile
+    from tuner.estimate.report_text import format_estimate
+    from tuner.request import build_candidate, build_setup
+
+    s = build_setup(args)
+    c = build_candidate(args, s)
+    e = estimate(c, s.model, s.cluster, s.workload, load_profile(args.profile))
     if args.json:
         print(json.dumps(e.as_dict(), default=float))
-        return 0
-    mem = e.memory
-    print(
-        f"{model.name} on {cluster.num_gpus}x {cluster.gpu.name}, actor {lay.notation} (dp"
-        f"{lay.dp}), rollout tp{args.rollout_tp}, {workload.algorithm} "
-        f"{workload.batch_size}x{workload.n}, mean sample {workload.mean_seq_len:.0f} tokens "
-        "(source=estimate)"
-    )
-    print("time per step")
-    for label, v in (
-        ("generation", e.generation_s),
-        ("old log-prob", e.old_log_prob_s),
-        ("ref log-prob", e.ref_s),
-        ("update actor", e.update_actor_s),
-        ("critic", e.critic_s),
-        ("reshard", e.reshard_s),
-        ("step", e.step_s),
-    ):
-        if label == "critic" and not v:
-            continue
-        print(f"  {label:16} {v:9.1f} s")
-    print(f"  {'of which offload':16} {e.offload_s:9.1f} s (PCIe)")
-    print(f"  {'throughput':16} {e.throughput_tokens_per_s_per_gpu:9.0f} tokens/s/GPU")
-    print(f"  {'mfu':16} {e.mfu * 100:9.1f} % (actor update)")
-    print(f"  {'bottleneck':16} {e.bottleneck:>9}")
-    print("memory per GPU (GiB)")
-    for label, v in (
-        ("weights", mem.weights_gib),
-        ("gradients", mem.grads_gib),
-        ("optimizer", mem.optimizer_gib),
-        ("activations", mem.activations_gib),
-        ("logits", mem.logits_gib),
-        ("moe dispatch", mem.dispatch_gib),
-        ("reference", mem.reference_gib),
-        ("vLLM share", mem.rollout_gib),
-        ("vLLM KV cache", mem.kv_cache_gib),
-        ("context etc.", mem.overhead_gib),
-    ):
-        if v:
-            print(f"  {label:16} {v:9.1f}")
-    for label, v in (
-        ("generation peak", mem.generation_peak_gib),
-        ("log-prob peak", mem.log_prob_peak_gib),
-        ("update peak", mem.update_peak_gib),
-    ):
-        print(f"  {label:16} {v:9.1f}")
-    verdict = "fits" if e.fits else f"does NOT fit: {e.fit_reason}"
-    print(
-        f"  peak {e.peak_mem_gib:.1f} GiB in {e.peak_phase} of {cluster.gpu.memory_gib:.1f} GiB: "
-        f"{verdict}"
-    )
+    else:
+        print(format_estimate(e, c, s.model, s.cluster, s.workload))
     return 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from tuner.estimate import load_profile, save_profile
-    from tuner.estimate.calibrate import calibrate, observations_from_rows
-    from tuner.estimate.profile import DEFAULT_PROFILE_PATH, Profile
-    from tuner.estimate.validate import reported_response_mean
-    from tuner.results import read_rows
+    from tuner.estimate import load_profile
+    from tuner.estimate.report_text import fit_leaderboards, format_fit, save_fit
 
-    rows: list[dict[str, str]] = []
-    obs = []
-    for path in args.csv:
-        file_rows = read_rows(path)
-        if args.gpu:
-            file_rows = [r for r in file_rows if (r.get("gpu") or "").lower() == args.gpu.lower()]
-        rows += file_rows
-        obs += observations_from_rows(file_rows, response_mean=reported_response_mean(file_rows))
-    start = load_profile(args.start) if args.start else Profile()
-    res = calibrate(obs, start)
-    kinds = sorted({o.case.cluster.gpu.name for o in obs})
-    sources = sorted({r.get("source", "") for r in rows if r.get("status") == "ok"} - {"estimate"})
-    print(
-        f"calibrating on {res.rows} measured rows ({res.observations} phase times; GPU "
-        f"{', '.join(kinds)}; sources {', '.join(sources)})"
-    )
-    phases = sorted(set(res.error_before) | set(res.error_after))
-    for label, err, rms in (
-        ("before", res.error_before, res.rms_log_before),
-        ("after", res.error_after, res.rms_log_after),
-    ):
-        parts = ", ".join(f"{ph} {err.get(ph, float('nan')) * 100:.1f}%" for ph in phases)
-        print(f"  {label:6} median abs error: {parts}; rms log error {rms:.3f}")
-    for name, (old, new) in res.changes().items():
-        print(f"  {name:24} {old:.4g} -> {new:.4g}")
-    if not res.changes():
-        print("  no constant changed")
+    start = load_profile(args.start) if args.start else None
+    fit = fit_leaderboards(args.csv, gpu=args.gpu, start=start)
+    print(format_fit(fit))
     if args.dry_run:
         return 0
-    path = save_profile(
-        res.profile,
-        args.out or DEFAULT_PROFILE_PATH,
-        rows=res.rows,
-        observations=res.observations,
-        gpus=kinds,
-        sources=[str(p) for p in args.csv],
-        fitted=list(res.fitted),
-        error_before=res.error_before,
-        error_after=res.error_after,
-    )
+    path = save_fit(fit, args.out)
     print(f"profile written to {path} (tune uses it by default when run from this folder)")
     return 0
 
@@ -643,6 +618,7 @@ COMMANDS = {
     "show": cmd_show,
     "export": cmd_export,
     "plot": cmd_plot,
+    "report": cmd_report,
     "models": cmd_models,
     "estimate": cmd_estimate,
     "calibrate": cmd_calibrate,

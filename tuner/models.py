@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -39,6 +40,8 @@ class ModelSpec:
     """Whether the QKV projection has a bias (Qwen2 does)."""
     tie_word_embeddings: bool = False
     """Whether the output layer shares the embedding weights."""
+    qk_layernorm: bool = False
+    """RMSNorm on each query and key head before RoPE (Qwen3's q_norm/k_norm)."""
     hf_id: str = ""
     """The Hugging Face repository the numbers come from, for recipes."""
 
@@ -70,7 +73,14 @@ class ModelSpec:
         q = self.num_attention_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         bias = (q + 2 * kv) if self.qkv_bias else 0
-        return self.hidden_size * (q + 2 * kv) + q * self.hidden_size + bias + 2 * self.hidden_size
+        qk_norm = 2 * self.head_dim if self.qk_layernorm else 0
+        return (
+            self.hidden_size * (q + 2 * kv)
+            + q * self.hidden_size
+            + bias
+            + 2 * self.hidden_size
+            + qk_norm
+        )
 
     @property
     def dense_mlp_params_per_layer(self) -> int:
@@ -105,17 +115,43 @@ class ModelSpec:
         per_layer = self.attn_params_per_layer + active_mlp + self.hidden_size * self.num_experts
         return self.num_layers * per_layer + self.embedding_params + self.hidden_size
 
-    def flops_per_token(self, seq_len: int) -> float:
-        """Forward FLOPs of one token in a causal sequence of seq_len tokens.
+    # ---- FLOPs: the one formula the estimator, the reports and the megatron worker use ----
 
-        2 FLOPs per active weight (embedding lookup excluded) plus attention scores and values:
-        2 * 2 * layers * heads * head_dim * seq_len / 2 (causal halves the work).
-        """
-        matmul_params = self.num_active_params - self.vocab_size * self.hidden_size
-        if self.tie_word_embeddings:
-            matmul_params += self.vocab_size * self.hidden_size
-        attn = 2 * self.num_layers * self.num_attention_heads * self.head_dim * seq_len
-        return 2.0 * matmul_params + attn
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights of the matrix products one token passes through in one layer: QKV and output
+        projections, the dense MLP or the router plus top-k experts (biases and norms excluded)."""
+        h = self.hidden_size
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        attn = h * (q + 2 * kv) + q * h
+        if self.is_moe:
+            return attn + self.moe_topk * 3 * h * self.moe_ffn_hidden_size + h * self.num_experts
+        return attn + 3 * h * self.ffn_hidden_size
+
+    @property
+    def matmul_params(self) -> int:
+        """Matmul weights one token passes through: every layer plus the output layer (the
+        embedding lookup is no matmul)."""
+        return self.num_layers * self.layer_matmul_params + self.hidden_size * self.vocab_size
+
+    def forward_flops(self, tokens: float, sum_sq_len: float) -> float:
+        """Forward FLOPs of `tokens` tokens in causal sequences whose squared lengths sum to
+        `sum_sq_len`: 2 per matmul weight per token, plus attention scores and values
+        (2 * 2 * layers * q_dim * s^2 / 2 per sequence, causal halving the work)."""
+        q = self.num_attention_heads * self.head_dim
+        return 2.0 * self.matmul_params * tokens + 2.0 * self.num_layers * q * sum_sq_len
+
+    def training_flops(self, sequence_lengths: Sequence[int]) -> float:
+        """Model FLOPs (forward + backward = 3 x forward, no recompute) of one pass over
+        sequences of these lengths."""
+        tokens = float(sum(sequence_lengths))
+        sq = float(sum(s * s for s in sequence_lengths))
+        return 3.0 * self.forward_flops(tokens, sq)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs of one token in a causal sequence of seq_len tokens."""
+        return self.forward_flops(1.0, float(seq_len))
 
 
 def _spec(name: str, hf_id: str, **kw: int | bool) -> ModelSpec:
@@ -172,6 +208,7 @@ REGISTRY: dict[str, ModelSpec] = {
             num_kv_heads=8,
             head_dim=128,
             vocab_size=151936,
+            qk_layernorm=True,
         ),
         _spec(
             "qwen3-30b-moe",
@@ -186,6 +223,7 @@ REGISTRY: dict[str, ModelSpec] = {
             num_experts=128,
             moe_topk=8,
             moe_ffn_hidden_size=768,
+            qk_layernorm=True,
         ),
         _spec(
             "qwen3-235b-moe",
@@ -200,6 +238,7 @@ REGISTRY: dict[str, ModelSpec] = {
             num_experts=128,
             moe_topk=8,
             moe_ffn_hidden_size=1536,
+            qk_layernorm=True,
         ),
         _spec(
             "llama3.1-8b",
@@ -225,6 +264,18 @@ REGISTRY: dict[str, ModelSpec] = {
         ),
     )
 }
+
+
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "olmo2", "gemma3")
+"""HF model types whose attention always normalises q and k per head (their modeling code builds
+q_norm/k_norm unconditionally; their config.json has no flag for it)."""
+
+
+def _has_qk_norm(cfg: dict[str, object]) -> bool:
+    """Qwen3 and its kin always use q_norm/k_norm; other configs may say so with a flag."""
+    if cfg.get("model_type") in QK_NORM_MODEL_TYPES:
+        return True
+    return bool(cfg.get("qk_layernorm") or cfg.get("use_qk_norm") or cfg.get("qk_norm"))
 
 
 def from_hf_config(path: Path) -> ModelSpec:
@@ -264,6 +315,7 @@ def from_hf_config(path: Path) -> ModelSpec:
             moe_ffn_hidden_size=int(cfg.get("moe_intermediate_size") or 0) if experts else 0,
             qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qk_layernorm=_has_qk_norm(cfg),
             hf_id=str(cfg.get("_name_or_path") or ""),
         )
     except (TypeError, ValueError) as e:

@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner import verl_command
+from tuner import verl_command, versions
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.space import Candidate
@@ -85,6 +85,10 @@ def render(
         f"rollout tp{c.rollout_tp}",
         f"# workload: {w.algorithm}, prompts up to {w.prompt_len} tokens, {response}, "
         f"{w.batch_size} prompts x {w.n}, mini batch {w.mini_batch_size}",
+        f"# workload lengths: mean prompt {w.mean_prompt_len:.0f} tokens, mean response "
+        f"{w.mean_response_len:.0f} tokens, clip fraction {w.clip_fraction:g} "
+        f"(tune --prompt-mean {round(w.mean_prompt_len)} --response-mean {round(w.mean_response_len)})",
+        f"# assumes {versions.summary()}",
     ]
     if origin:
         lines.append(f"# origin: {origin}")
@@ -125,6 +129,8 @@ def write(recipe: Recipe, directory: Path, *, suffix: str = "") -> Path:
         path = directory / f"{recipe.name[:-3]}-{suffix}.sh"
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(recipe.text)
-    os.chmod(tmp, 0o755)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # executable as the user's umask allows: 0755 under 022
     os.replace(tmp, path)
     return path

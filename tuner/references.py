@@ -141,7 +141,6 @@ def reference_candidates(m: ModelSpec, cl: Cluster, w: Workload) -> list[tuple[C
             recompute_method="uniform",
             recompute_num_layers=1,
             param_offload=s.offload,
-            grad_offload=s.offload,
             optimizer_offload=s.offload,
             use_fused_kernels=True,
             use_dynamic_bsz=True,

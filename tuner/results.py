@@ -8,18 +8,19 @@ import csv
 import fcntl
 import io
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import UserError
+from tuner.fileio import write_atomic
 from tuner.space import CANDIDATE_FIELDS
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: one typed TrialRecord per row (units in names, pred_* apart, device memory three ways,
+launch/measured wall time, prompt mean, storage); 1: the first leaderboards (still read)."""
 
 
 class Status(StrEnum):
@@ -80,91 +81,254 @@ class TrialResult:
         return None
 
 
-MEASURE_COLUMNS = (
-    "tokens_per_s_per_gpu",
-    "step_s",
-    "generation_s",
-    "old_log_prob_s",
-    "ref_s",
-    "update_actor_s",
-    "reshard_s",
-    "mfu_pct",
-    "peak_mem_gib",
-    "peak_mem_reserved_gib",
-)
-PRED_COLUMNS = (
-    "pred_tokens_per_s_per_gpu",
-    "pred_step_s",
-    "pred_generation_s",
-    "pred_old_log_prob_s",
-    "pred_update_actor_s",
-    "pred_peak_mem_gib",
-    "pred_peak_phase",
-    "pred_fits",
-    "pred_bottleneck",
-)
+# --------------------------------------------------------------------------------------------
+# The trial record: one typed row, the CSV columns come from its fields
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialRecord:
+    """Everything known about one trial: what was tried, what the cost model predicted when it
+    was proposed, what was measured, and where it came from. The Optuna storage keeps it
+    (`to_dict`, JSON) and the CSV leaderboard is a view of it (`to_row`, one column a field).
+    Times in seconds, memory in GiB; predictions only in `pred_*` fields, never mixed with
+    measured ones."""
+
+    study: str
+    """The study's name (the CSV's file name)."""
+    trial: int
+    """Optuna trial number."""
+    status: Status
+    reason: str = ""
+    """Why it failed or was pruned; a short line."""
+    source: str = ""
+    """Where the numbers come from: estimate, megatron, verl, tuner (pruned before launch)."""
+    runner: str = ""
+    """The runner the study used (--runner)."""
+    model: str = ""
+    """What the user passed for --model."""
+    gpu: str = ""
+    num_gpus: int = 0
+    gpus_per_node: int = 0
+    backend: str = ""
+    """What ran, e.g. `megatron+vllm` or `estimate (cost model)`."""
+    train_parallel: str = ""
+    """Layout notation, e.g. `tp4pp2`."""
+    infer_parallel: str = ""
+    """Rollout layout, e.g. `tp2`."""
+    tokens_per_s_per_gpu: float | None = None
+    """Measured throughput (verl's perf/throughput): the objective."""
+    step_s: float | None = None
+    generation_s: float | None = None
+    old_log_prob_s: float | None = None
+    ref_s: float | None = None
+    update_actor_s: float | None = None
+    reshard_s: float | None = None
+    mfu_pct: float | None = None
+    peak_mem_gib: float | None = None
+    """Measured peak allocated memory, max over GPUs."""
+    peak_mem_reserved_gib: float | None = None
+    """Measured peak reserved by PyTorch's caching allocator, max over GPUs."""
+    peak_mem_device_gib: float | None = None
+    """Measured peak device memory in use, max over GPUs: what an OOM is decided on."""
+    launch_s: float | None = None
+    """Wall time from launch to the first measured step."""
+    measured_s: float | None = None
+    """Wall time in measured steps."""
+    pred_tokens_per_s_per_gpu: float | None = None
+    """Predicted throughput of what the runner measures (the raw cost model)."""
+    pred_step_s: float | None = None
+    pred_generation_s: float | None = None
+    pred_old_log_prob_s: float | None = None
+    pred_ref_s: float | None = None
+    pred_update_actor_s: float | None = None
+    pred_peak_mem_gib: float | None = None
+    """Predicted PyTorch peak of what the runner measures (raw model)."""
+    pred_device_mem_gib: float | None = None
+    """Predicted device total at the peak (raw model; the peak where not modelled)."""
+    pred_device_mem_corrected_gib: float | None = None
+    """The device prediction after the study's memory guard corrected it, when proposed."""
+    pred_headroom_gib: float | None = None
+    """Headroom the fit decision kept free, when proposed."""
+    pred_time_scale: float | None = None
+    """Measured/predicted time ratio the study had learned when this trial was proposed."""
+    pred_peak_phase: str = ""
+    pred_fits: bool | None = None
+    """Whether the candidate was predicted to fit (after the memory guard)."""
+    pred_bottleneck: str = ""
+    pred_versions: str = ""
+    """The software versions the cost model's prediction assumes."""
+    workload: str = ""
+    algorithm: str = ""
+    max_prompt_len: int | None = None
+    max_response_len: int | None = None
+    prompt_mean_len: float | None = None
+    """Mean prompt length in tokens the workload assumes."""
+    response_mean_len: float | None = None
+    """Mean response length in tokens the workload assumes."""
+    bs: int | None = None
+    """Prompts per step (data.train_batch_size)."""
+    mini_bs: int | None = None
+    n: int | None = None
+    """Responses per prompt."""
+    tp: int | None = None
+    pp: int | None = None
+    vpp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
+    dp: int | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)
+    """The candidate's other knobs (space.CANDIDATE_FIELDS), one CSV column each."""
+    hardware: str = ""
+    """What it ran on, e.g. `4x NVIDIA H200`; `cost model` for estimates."""
+    versions: str = ""
+    """Software versions of the measurement."""
+    recipe: str = ""
+    """Path of the recipe script written for it, if any."""
+    log_path: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Runner-specific measures, as k=v pairs in the CSV."""
+    origin: str = ""
+    """Why it was tried: `estimator`, `reference ...` (warm start) or empty (the sampler)."""
+    storage: str = ""
+    """The Optuna storage that holds this record (the CSV belongs to it)."""
+    worker: str = ""
+    """host:pid of the tuner process that ran it."""
+    started_at: str = ""
+    finished_at: str = ""
+    duration_s: float | None = None
+    """Wall time of the whole trial in the tuner, launch included."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe flat dict (knobs flattened), full precision: what the storage keeps."""
+        d: dict[str, Any] = {}
+        for name in _RECORD_FIELDS:
+            v = getattr(self, name)
+            if name == "knobs":
+                d.update(v)
+            elif name == "status":
+                d[name] = v.value
+            else:
+                d[name] = dict(v) if isinstance(v, dict) else v
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialRecord:
+        """Inverse of `to_dict`; missing keys take defaults, unknown keys that are not knobs are
+        ignored, so records of older schemas load."""
+        kw: dict[str, Any] = {}
+        knobs: dict[str, Any] = {}
+        for k, v in d.items():
+            if k in _PARSE:
+                kw[k] = v if not isinstance(v, str) else _PARSE[k](v)
+            elif k in CANDIDATE_FIELDS and v not in ("", None):
+                knobs[k] = _knob_value(v)
+        if "status" in kw and not isinstance(kw["status"], Status):
+            kw["status"] = Status(kw["status"])
+        for k in ("extra", "knobs"):
+            if k in kw and not isinstance(kw[k], dict):
+                kw.pop(k)
+        try:
+            return cls(**kw, knobs={**kw.pop("knobs", {}), **knobs})
+        except TypeError as e:
+            raise ValueError(f"not a trial record ({e})") from None
+
+    def to_row(self) -> dict[str, str]:
+        """The CSV row: every column of COLUMNS, as text."""
+        return row_of(self.to_dict())
+
+    @classmethod
+    def from_row(cls, row: dict[str, str]) -> TrialRecord:
+        """A record from a CSV row of schema 1 or 2 (text values)."""
+        version = row.get("schema_version") or "1"
+        if version not in ("1", str(SCHEMA_VERSION)):
+            raise UserError(
+                f"leaderboard row of schema {version}: this verl-tuner reads schemas 1 and "
+                f"{SCHEMA_VERSION}; upgrade verl-tuner"
+            )
+        d: dict[str, Any] = {k: v for k, v in row.items() if k and v not in ("", None)}
+        extra = _PARSE["extra"](d.get("extra", ""))
+        if version == "1":  # schema 1 kept these in `extra`
+            if "origin" in extra:
+                d["origin"] = extra.pop("origin")
+            if "launch_s" in extra:
+                d["launch_s"] = extra.pop("launch_s")
+        d["extra"] = extra
+        return cls.from_dict(d)
+
+
+def _parse_float(v: str) -> float | None:
+    return number(v)
+
+
+def _parse_int(v: str) -> int | None:
+    x = number(v)
+    return None if x is None else int(x)
+
+
+def _parse_bool(v: str) -> bool | None:
+    s = v.strip().lower()
+    return None if not s else s in ("true", "1", "yes")
+
+
+def _parse_extra(v: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in v.split(";") if v else ():
+        k, sep, x = part.partition("=")
+        if sep:
+            out[k] = x
+    return out
+
+
+def _knob_value(v: Any) -> Any:
+    if not isinstance(v, str):
+        return v
+    s = v.strip()
+    if s.lower() in ("true", "false"):
+        return s.lower() == "true"
+    for typ in (int, float):
+        try:
+            return typ(s)
+        except ValueError:
+            pass
+    return s
+
+
+def _parser_of(annotation: str) -> Any:
+    a = annotation.replace(" ", "")
+    if a.startswith("float"):
+        return _parse_float
+    if a == "int":
+        return lambda v: _parse_int(v) or 0
+    if a.startswith("int"):
+        return _parse_int
+    if a.startswith("bool"):
+        return _parse_bool
+    if a.startswith("dict"):
+        return _parse_extra
+    if a == "Status":
+        return Status
+    return str
+
+
+_RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TrialRecord))
+_PARSE: dict[str, Any] = {f.name: _parser_of(str(f.type)) for f in fields(TrialRecord)}
 COLUMNS: tuple[str, ...] = (
     "schema_version",
-    "study",
-    "trial",
-    "status",
-    "reason",
-    "source",
-    "runner",
-    "model",
-    "gpu",
-    "num_gpus",
-    "gpus_per_node",
-    "backend",
-    "train_parallel",
-    "infer_parallel",
-    *MEASURE_COLUMNS,
-    *PRED_COLUMNS,
-    "workload",
-    "algorithm",
-    "max_prompt_len",
-    "max_response_len",
-    "response_mean_len",
-    "bs",
-    "mini_bs",
-    "n",
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "ep",
-    "etp",
-    "dp",
-    *CANDIDATE_FIELDS,
-    "hardware",
-    "versions",
-    "recipe",
-    "log_path",
-    "extra",
-    "started_at",
-    "finished_at",
-    "duration_s",
+    *(c for f in _RECORD_FIELDS for c in (CANDIDATE_FIELDS if f == "knobs" else (f,))),
 )
+"""The leaderboard's columns: the record's fields in order, the knobs in place of `knobs`."""
+MEASURE_COLUMNS = tuple(
+    f.name
+    for f in fields(TrialRecord)
+    if f.name.endswith(("_s", "_gib", "_pct", "_per_gpu"))
+    and not f.name.startswith("pred_")
+    and f.name != "duration_s"
+)
+PRED_COLUMNS = tuple(f for f in _RECORD_FIELDS if f.startswith("pred_"))
 NUMERIC = {
-    *MEASURE_COLUMNS,
-    *PRED_COLUMNS[:-3],
-    "trial",
-    "num_gpus",
-    "gpus_per_node",
-    "max_prompt_len",
-    "max_response_len",
-    "response_mean_len",
-    "bs",
-    "mini_bs",
-    "n",
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "ep",
-    "etp",
-    "dp",
-    "duration_s",
+    *(f.name for f in fields(TrialRecord) if str(f.type).startswith(("float", "int"))),
     "ppo_max_token_len_per_gpu",
     "log_prob_max_token_len_per_gpu",
     "ppo_micro_batch_size_per_gpu",
@@ -174,6 +338,14 @@ NUMERIC = {
     "max_num_batched_tokens",
     "recompute_num_layers",
 }
+_VERSION = str(SCHEMA_VERSION)
+
+
+def row_of(d: dict[str, Any]) -> dict[str, str]:
+    """A CSV row (every column, text) from a record's `to_dict()`."""
+    row = {c: _fmt(d.get(c)) for c in COLUMNS}
+    row["schema_version"] = _VERSION
+    return row
 
 
 def _fmt(v: Any) -> str:
@@ -186,14 +358,24 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def csv_text(rows: Iterable[dict[str, str]]) -> str:
+    """The leaderboard file's text for rows of COLUMNS."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
 # --------------------------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock beside the CSV, so several tuner workers can share one leaderboard."""
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock beside `path` (`<path>.lock`), so several tuner workers can share one
+    leaderboard or one storage file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -203,40 +385,21 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def upsert_row(path: Path, row: dict[str, Any]) -> None:
     """Write `row` into the leaderboard, replacing the row of the same (study, trial).
 
-    The whole file is rewritten to a temporary file and renamed over the old one, so a kill at
-    any moment leaves either the old or the new file, never a torn one."""
+    For leaderboards kept outside a study (tests, hand-made files); a study rebuilds its CSV
+    from its storage instead. The file is replaced atomically (tuner.fileio.write_atomic)."""
     unknown = set(row) - set(COLUMNS)
     if unknown:
         raise ValueError(f"unknown leaderboard columns: {sorted(unknown)}")
-    with _locked(path):
+    with locked(path):
         rows = read_raw(path) if path.exists() else []
         key = (str(row.get("study", "")), str(row.get("trial", "")))
         rows = [r for r in rows if (r.get("study", ""), r.get("trial", "")) != key]
         rows.append({k: _fmt(v) for k, v in row.items()})
         rows.sort(key=lambda r: (r.get("study", ""), int(r.get("trial") or 0)))
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({**r, "schema_version": str(SCHEMA_VERSION)})
-        _write_atomic(path, buf.getvalue())
+        write_atomic(path, csv_text({**r, "schema_version": _VERSION} for r in rows))
 
 
 def read_raw(path: Path) -> list[dict[str, str]]:

@@ -76,17 +76,12 @@ def workload_overrides(w: Workload) -> dict[str, Any]:
 
 
 def extra_megatron_overrides(c: Candidate, m: ModelSpec) -> dict[str, Any]:
-    """Switches the reference recipes always set (fusions; MoE dispatcher and router dtype).
-    verl 0.9 does not declare them, hence the `+`; the ref's transformer config follows the
-    actor's."""
-    out: dict[str, Any] = {
-        f"+{ACTOR}.{TF_CONFIG}.apply_rope_fusion": True,
-        f"+{ACTOR}.{TF_CONFIG}.gradient_accumulation_fusion": True,
-    }
+    """Fixed settings that are not knobs: the MoE router in fp32, as the reference recipes run
+    it (verl 0.9 does not declare it, hence the `+`; the ref's transformer config follows the
+    actor's). Fusions, dispatcher and the rest are knobs (tuner.space.KNOBS)."""
+    out: dict[str, Any] = {}
     if m.is_moe:
-        out[f"+{ACTOR}.{TF_CONFIG}.moe_token_dispatcher_type"] = "alltoall"
         out[f"+{ACTOR}.{TF_CONFIG}.moe_router_dtype"] = "fp32"
-        out[f"+{ACTOR}.{TF_CONFIG}.moe_permute_fusion"] = True
     return out
 
 
@@ -120,7 +115,7 @@ def overrides(
 
     `reward_fn` is a Python file with `compute_score(data_source, solution_str, ground_truth,
     extra_info)`, or `null` for verl's built-in scorer of each row's data_source."""
-    knobs = {**knob_overrides(c), **extra_megatron_overrides(c, m)}
+    knobs = {**knob_overrides(c, m), **extra_megatron_overrides(c, m)}
     out: dict[str, Any] = {
         "data.train_files": train_file,
         "data.val_files": train_file,

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import UserError
+
+if TYPE_CHECKING:
+    from tuner.lengths import ResponseLengths
 
 ALGORITHMS = ("grpo", "dapo", "ppo")
 
@@ -46,6 +49,9 @@ class Workload:
     """Mean generated length in tokens; 0 means DEFAULT_RESPONSE_MEAN_FRACTION of the max."""
     prompt_mean: int = 0
     """Mean prompt length in tokens (unpadded); 0 means DEFAULT_PROMPT_MEAN_FRACTION of the max."""
+    response_clip_fraction: float = -1.0
+    """Share of responses truncated at the cap (verl's `response_length/clip_ratio`); negative
+    means tuner.lengths.DEFAULT_CLIP_FRACTION."""
     batch_size: int = 512
     """`data.train_batch_size`: prompts per step."""
     n: int = 16
@@ -68,6 +74,11 @@ class Workload:
             raise UserError(
                 f"--prompt-mean {self.prompt_mean} must lie in 0..--prompt-len ({self.prompt_len})"
             )
+        if not self.response_clip_fraction < 1:
+            raise UserError(
+                f"response clip fraction {self.response_clip_fraction} must be below 1 (a share "
+                "of the responses)"
+            )
         if self.batch_size % self.mini_batch_size:
             raise UserError(
                 f"--batch {self.batch_size} is not a multiple of --mini-batch "
@@ -84,6 +95,23 @@ class Workload:
         if self.response_mean:
             return float(self.response_mean)
         return self.response_len * DEFAULT_RESPONSE_MEAN_FRACTION
+
+    @property
+    def clip_fraction(self) -> float:
+        """Share of responses truncated at the cap the length model assumes."""
+        from tuner.lengths import DEFAULT_CLIP_FRACTION
+
+        if self.response_clip_fraction >= 0:
+            return self.response_clip_fraction
+        return DEFAULT_CLIP_FRACTION
+
+    @property
+    def response_lengths(self) -> ResponseLengths:
+        """The response-length distribution of this workload (tuner.lengths): the one the cost
+        model integrates and the measuring runners draw from."""
+        from tuner.lengths import ResponseLengths
+
+        return ResponseLengths.of(self.mean_response_len, self.response_len, self.clip_fraction)
 
     @property
     def mean_prompt_len(self) -> float:

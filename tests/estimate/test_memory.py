@@ -117,7 +117,7 @@ def test_interleaving_keeps_more_micro_batches_in_flight() -> None:
 
 def test_generation_peak_is_vllm_share_plus_what_is_not_offloaded() -> None:
     off = memory(
-        cand("tp4", param_offload=True, grad_offload=True, optimizer_offload=True),
+        cand("tp4", param_offload=True, optimizer_offload=True),
         QWEN7B,
         H100x8,
         GRPO,
@@ -146,7 +146,7 @@ def test_grpo_oom_rows(layout: str, offload: bool, util: float, fits: bool) -> N
     c = cand(
         layout,
         param_offload=offload,
-        grad_offload=offload,
+        
         optimizer_offload=offload,
         gpu_memory_utilization=util,
     )
@@ -169,7 +169,7 @@ def test_expert_parallel_splits_the_experts_and_no_ep_does_not_fit() -> None:
     ep1 = memory(cand("dp32", 32), MOE30B, H100x32, DAPO, P)
     assert ep1.weights_gib > 5 * ep8.weights_gib
     assert ep8.dispatch_gib > 0
-    off = {"param_offload": True, "grad_offload": True, "optimizer_offload": True}
+    off = {"param_offload": True, "optimizer_offload": True}
     off["rollout_tp"] = 4
     assert not estimate(cand("dp32", 32, **off), MOE30B, H100x32, DAPO).fits
     assert estimate(
@@ -184,7 +184,7 @@ def test_vllm_without_room_for_one_sequence_does_not_fit() -> None:
         rollout_tp=1,
         gpu_memory_utilization=0.4,
         param_offload=True,
-        grad_offload=True,
+       
         optimizer_offload=True,
         recompute_granularity="full",
     )

@@ -34,7 +34,6 @@ def cand(layout: str, world: int = 8, **kw: object) -> Candidate:
         "layout": lay,
         "sequence_parallel": lay.tp > 1,
         "param_offload": True,
-        "grad_offload": True,
         "optimizer_offload": True,
         "use_dynamic_bsz": True,
         "ppo_max_token_len_per_gpu": 20480,
@@ -140,7 +139,7 @@ def test_more_gpus_make_every_training_phase_faster() -> None:
 def test_full_recompute_and_offload_cost_time() -> None:
     base = estimate(cand("tp4"), QWEN7B, cluster(), DAPO)
     rec = estimate(cand("tp4", recompute_granularity="full"), QWEN7B, cluster(), DAPO)
-    keep = cand("tp4", param_offload=False, grad_offload=False, optimizer_offload=False)
+    keep = cand("tp4", param_offload=False, optimizer_offload=False)
     no_off = estimate(keep, QWEN7B, cluster(), DAPO)
     assert rec.update_actor_s > base.update_actor_s * 1.15
     assert no_off.update_actor_s < base.update_actor_s

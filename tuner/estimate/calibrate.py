@@ -191,3 +191,34 @@ def calibrate(
         rms_log_after=float(np.sqrt(np.mean(r1 * r1))),
         iterations=it,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# In-study scales: what a running study learns from its own rows, between trials
+# --------------------------------------------------------------------------------------------
+
+SCALE_BOUNDS = (0.05, 20.0)
+"""A learned measured/predicted time ratio is clipped to this range (a wild row cannot make
+every later time limit absurd)."""
+
+
+def time_scales(
+    pairs: Iterable[tuple[str, float | None, float | None]], min_rows: int = 1
+) -> dict[str, float]:
+    """Robust multiplicative scale per phase from (phase, predicted_s, measured_s) triples:
+    exp(median(log(measured / predicted))), clipped to SCALE_BOUNDS. Triples with a missing or
+    non-positive value are skipped; a phase with fewer than `min_rows` usable triples is left
+    out (its scale is 1). The median, not the mean, so one stalled trial moves nothing.
+
+    The full `calibrate` refits the Profile's constants across models and is too slow to run
+    after every trial; this scale is what a study applies between trials, to its time limits."""
+    logs: dict[str, list[float]] = {}
+    for phase, pred, meas in pairs:
+        if pred and meas and pred > 0 and meas > 0 and math.isfinite(pred):
+            logs.setdefault(phase, []).append(math.log(meas / pred))
+    lo, hi = SCALE_BOUNDS
+    return {
+        k: min(hi, max(lo, math.exp(statistics.median(v))))
+        for k, v in logs.items()
+        if len(v) >= min_rows
+    }

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 from tuner.estimate.profile import Profile
 from tuner.hardware import GIB, Cluster
+from tuner.lengths import EULER_GAMMA as EULER_GAMMA
+from tuner.lengths import ResponseLengths
+from tuner.lengths import solve_theta as solve_theta
 from tuner.models import ModelSpec
 from tuner.workload import Workload
 
@@ -20,8 +23,6 @@ BF16 = 2
 FP32 = 4
 """Bytes of an fp32 value."""
 
-VLLM_MAX_NUM_SEQS = 1024
-"""verl's default `rollout.max_num_seqs`: the most sequences one vLLM engine runs at once."""
 DECODE_KERNELS_DENSE_LAYER = 14
 """Kernels one dense decoder layer launches per vLLM decode step (norm, QKV, rope, cache write,
 attention, output projection, add+norm, gate/up, activation, down, ...)."""
@@ -32,29 +33,9 @@ fused-MoE launches that go through Python (config lookup, grid set-up: several l
 each)."""
 VLLM_RUNTIME_GIB = 0.5
 """vLLM's own buffers beside weights, activations and KV cache (sampler, block tables)."""
-EULER_GAMMA = 0.5772156649
-"""Expected max of n unit exponentials is ln(n) + gamma: the longest response of a batch."""
 PERMUTE_PASSES = 12
 """Memory passes over the routed tokens per MoE layer, forward and backward together: permute
 and unpermute read and write each copy, and the backward does the same twice."""
-
-
-def solve_theta(mean: float, cap: float) -> float:
-    """Scale θ of an exponential capped at `cap` whose mean is `mean`: mean = θ(1 - e^(-cap/θ)).
-
-    Response lengths of RL rollouts are modelled as exponential with a spike at the cap (the
-    truncated responses); the mean fixes θ. Fixed-point iteration, monotone and fast."""
-    if mean <= 0:
-        return 1.0
-    if mean >= cap * 0.999:
-        return cap * 1e3
-    theta = mean
-    for _ in range(200):
-        nxt = mean / (1.0 - math.exp(-cap / theta))
-        if abs(nxt - theta) < 1e-9 * theta:
-            return nxt
-        theta = nxt
-    return theta
 
 
 @dataclass(slots=True)
@@ -102,7 +83,9 @@ class Context:
     response_mean: float = 0.0
     response_max: int = 0
     theta: float = 0.0
-    """Scale of the capped-exponential response lengths."""
+    """Scale of the exponential part of the response lengths."""
+    lengths: ResponseLengths | None = None
+    """The response-length model (tuner.lengths) of the workload."""
     seq_mean: float = 0.0
     seq_sd: float = 0.0
     seq_eff: float = 0.0
@@ -133,8 +116,8 @@ class Context:
     mem_bytes: float = 0.0
     local_gpus: int = 0
     # --- caches filled lazily, one entry per distinct key
-    layout_cache: dict[tuple[int, ...], object] = field(default_factory=dict)
-    generation_cache: dict[tuple[int, float, int], object] = field(default_factory=dict)
+    layout_cache: dict[tuple[object, ...], object] = field(default_factory=dict)
+    generation_cache: dict[tuple[float, ...], object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         m, cl, w, p = self.model, self.cluster, self.workload, self.profile
@@ -155,20 +138,16 @@ class Context:
         self.head_params = 0.0 if m.tie_word_embeddings else float(m.vocab_size * h)
         self.total_params = float(m.num_params)
         self.expert_params_total = self.layers * self.expert_params_layer
-        active_mlp = (
-            m.moe_topk * self.one_expert_params + self.router_params
-            if m.is_moe
-            else self.dense_mlp_params
-        )
-        self.layer_active_linear = self.attn_linear_params + active_mlp
+        # one formula for matmul weights and FLOPs: tuner.models (attention + active MLP)
+        self.layer_active_linear = float(m.layer_matmul_params)
         self.active_params = self.layers * self.layer_active_linear + self.embed_params
 
         self.prompt_mean = w.mean_prompt_len
         self.response_mean = w.mean_response_len
         self.response_max = w.response_len
-        self.theta = solve_theta(self.response_mean, self.response_max)
-        x = self.response_max / self.theta
-        e_r2 = 2 * self.theta**2 * (1 - math.exp(-x) * (1 + x))
+        self.lengths = w.response_lengths
+        self.theta = self.lengths.theta
+        e_r2 = self.lengths.second_moment()
         pm, rm = self.prompt_mean, self.response_mean
         self.seq_mean = pm + rm
         e_s2 = pm * pm + 2 * pm * rm + e_r2
@@ -176,10 +155,7 @@ class Context:
         self.seq_eff = e_s2 / self.seq_mean
         self.max_seq = w.max_seq_len
         self.samples = w.num_samples
-        longest_response = min(
-            float(self.response_max),
-            self.theta * (math.log(max(2, self.samples)) + EULER_GAMMA),
-        )
+        longest_response = self.lengths.longest_of(self.samples)
         self.longest_sample = pm + longest_response
         self.tokens_step = self.samples * self.seq_mean
         # verl keeps the batch padded to (max prompt, max response): int64 ids, mask, positions
@@ -206,8 +182,7 @@ class Context:
 
     def forward_flops_per_token(self) -> float:
         """Model forward FLOPs of one token, attention over its sequence included (causal)."""
-        attn = 2.0 * self.layers * self.q_dim * self.seq_eff
-        return 2.0 * (self.layers * self.layer_active_linear + self.head_or_embed()) + attn
+        return self.model.forward_flops(1.0, self.seq_eff)
 
     def head_or_embed(self) -> float:
         """Output-layer weights (the embedding table when tied)."""

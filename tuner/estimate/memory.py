@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from tuner.estimate.context import (
     BF16,
     FP32,
-    VLLM_MAX_NUM_SEQS,
     VLLM_RUNTIME_GIB,
     Context,
     get_context,
@@ -182,13 +181,15 @@ def rollout_weight_bytes(ctx: Context, rollout_tp: int) -> float:
     return ctx.total_params * BF16 / rollout_tp
 
 
-def rollout_activation_bytes(ctx: Context, rollout_tp: int, batched_tokens: int) -> float:
+def rollout_activation_bytes(
+    ctx: Context, rollout_tp: int, batched_tokens: int, max_num_seqs: int
+) -> float:
     """vLLM's profiled activation peak: one scheduler step of `batched_tokens` tokens plus the
-    sampler's logits for max_num_seqs sequences."""
+    sampler's logits for max_num_seqs sequences (the candidate's, as the recipe sets it)."""
     width = 4 * ctx.hidden + (
         2 * ctx.topk * ctx.moe_ffn * 2 if ctx.is_moe else 2 * ctx.ffn * 2
     ) / max(1, rollout_tp)
-    return batched_tokens * width * BF16 + VLLM_MAX_NUM_SEQS * ctx.vocab * FP32 / rollout_tp
+    return batched_tokens * width * BF16 + max_num_seqs * ctx.vocab * FP32 / rollout_tp
 
 
 def kv_cache_bytes(ctx: Context, c: Candidate) -> float:
@@ -197,7 +198,7 @@ def kv_cache_bytes(ctx: Context, c: Candidate) -> float:
     budget = c.gpu_memory_utilization * ctx.mem_bytes
     used = (
         rollout_weight_bytes(ctx, c.rollout_tp)
-        + rollout_activation_bytes(ctx, c.rollout_tp, mnbt)
+        + rollout_activation_bytes(ctx, c.rollout_tp, mnbt, c.max_num_seqs)
         + VLLM_RUNTIME_GIB * GIB
     )
     return budget - used
@@ -240,14 +241,14 @@ def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> Memory
     ref_w = weights if (ctx.uses_ref and not c.param_offload) else 0.0
     resident = (
         (0.0 if c.param_offload else weights)
-        + (0.0 if c.grad_offload else grads)
+        + (0.0 if c.param_offload else grads)
         + (0.0 if c.optimizer_offload else optim)
     )
     critic = resident if ctx.has_critic else 0.0  # the critic shares the actor's layout
     rollout = c.gpu_memory_utilization * ctx.mem_bytes
     gen_peak = rollout + resident + critic + ref_w + ctx_b
     states_lp = (
-        weights + (0.0 if c.grad_offload else grads) + (0.0 if c.optimizer_offload else optim)
+        weights + (0.0 if c.param_offload else grads) + (0.0 if c.optimizer_offload else optim)
     )
     lp_peak = states_lp + critic + ref_w + (lp_acts + logits_lp + dispatch_lp) * frag + ctx_b
     upd_peak = (

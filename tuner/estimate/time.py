@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from tuner.estimate.context import (
     BF16,
     DECODE_KERNELS_DENSE_LAYER,
     DECODE_KERNELS_MOE_EXTRA,
-    EULER_GAMMA,
     FP32,
     PERMUTE_PASSES,
-    VLLM_MAX_NUM_SEQS,
     Context,
     get_context,
 )
@@ -27,7 +26,7 @@ from tuner.estimate.memory import kv_cache_bytes, params_local
 from tuner.estimate.profile import Profile
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
-from tuner.space import Candidate
+from tuner.space import Candidate, modules_of
 from tuner.workload import Workload
 
 GROUPED_GEMM_TILE_ROWS = 64
@@ -47,6 +46,26 @@ RESHARD_FIXED_S = 1.0
 """Weight sync fixed cost: waking vLLM's memory, resetting its cache, the controller round trips."""
 RESHARD_COLLECTIVES_PER_TENSOR = 4
 """Collectives verl issues per weight tensor when it gathers the actor's shards for vLLM."""
+ROPE_UNFUSED_PASSES = 6
+"""Memory passes over q and k of an unfused RoPE (cos/sin products, rotate-half, add), forward;
+the backward does the same. The fused kernel reads and writes them once inside attention."""
+SWIGLU_UNFUSED_PASSES = 4
+"""Extra memory passes over the MLP intermediate when bias + SwiGLU are not fused (read gate and
+up separately, write the product, read it again), forward; twice that backward."""
+SCORE_PASSES_FUSED_SOFTMAX = 3
+"""Memory passes over the attention score matrix of the unfused/local backends per forward
+with the fused scale-mask-softmax (write scores, softmax in place, read for the values)."""
+SCORE_PASSES_UNFUSED_SOFTMAX = 6
+"""The same with scale, mask and softmax as separate kernels."""
+PERMUTE_PASSES_UNFUSED = 24
+"""PERMUTE_PASSES without moe_permute_fusion: index computation, gather/scatter and their
+backward as separate kernels, each pass twice."""
+SEQUENTIAL_EXPERT_LAUNCH_S = 30e-6
+"""Host time per local expert per GEMM when moe_grouped_gemm is off (a Python loop of small
+GEMMs: launch plus the per-expert slicing), forward; the backward launches twice as many."""
+INTERNODE_LATENCY_FACTOR = 4.0
+"""A collective that crosses nodes costs this many NVLink collective latencies (network round
+trips of tens of microseconds)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,7 +111,15 @@ class _Lin:
     bwd_slope: float
     bwd_icpt: float
     core_fwd_slope: float
-    """Attention core forward alone (what selective recompute repeats)."""
+    """Attention core forward alone (selective recompute of core_attn repeats it)."""
+    norm_fwd_slope: float
+    """The two layer norms' forward (recompute module layernorm)."""
+    mlp_fwd_slope: float
+    """Dense MLP forward (recompute module mlp)."""
+    moe_fwd_slope: float
+    """MoE block forward with its dispatch (recompute module moe)."""
+    moe_act_fwd_slope: float
+    """Expert activation forward (recompute module moe_act)."""
     head_fwd_slope: float
     head_fwd_icpt: float
     head_bwd_slope: float
@@ -107,8 +134,25 @@ def _bandwidth_between(ctx: Context, span: int) -> float:
     return ctx.nvlink if span <= ctx.local_gpus else ctx.internode
 
 
-def _layout_lin(ctx: Context, tp: int, cp: int, ep: int, etp: int, sp: bool, world: int) -> _Lin:
-    key = (tp, cp, ep, etp, int(sp), world)
+def _layout_lin(ctx: Context, c: Candidate) -> _Lin:
+    lay = c.layout
+    tp, cp, ep, etp, sp, world = lay.tp, lay.cp, lay.ep, lay.etp, c.sequence_parallel, lay.world
+    key = (
+        tp,
+        cp,
+        ep,
+        etp,
+        sp,
+        world,
+        c.apply_rope_fusion,
+        c.bias_activation_fusion,
+        c.masked_softmax_fusion,
+        c.gradient_accumulation_fusion,
+        c.attention_backend,
+        c.moe_token_dispatcher_type,
+        c.moe_grouped_gemm,
+        c.moe_permute_fusion,
+    )
     hit = ctx.layout_cache.get(key)
     if hit is not None:
         return hit  # type: ignore[return-value]
@@ -119,21 +163,39 @@ def _layout_lin(ctx: Context, tp: int, cp: int, ep: int, etp: int, sp: bool, wor
     hbm, lat = ctx.hbm, p.collective_latency_s
     sp_div = tp if sp else 1
 
-    # attention (and dense MLP) GEMMs, per token: FLOPs and activation bytes; weights per micro
-    lin_local = (ctx.attn_linear_params + ctx.dense_mlp_params) / tp
-    kn = 2 * h + (2 * q + 2 * kv) / tp + ((2 * h + 3 * f / tp) if not ctx.is_moe else 0.0)
+    # attention (and dense MLP) GEMMs, per token: FLOPs and activation bytes; weights per micro.
+    # Above the kv heads megatron-core gives each rank a replica of its kv group, so the K/V
+    # projections and their activations stop shrinking with tp (replicated KV work).
+    kv_local = max(kv / tp, float(ctx.head_dim))
+    lin_local = (2 * h * q + ctx.dense_mlp_params) / tp + 2 * h * kv_local
+    kn = 2 * h + 2 * q / tp + 2 * kv_local + ((2 * h + 3 * f / tp) if not ctx.is_moe else 0.0)
     gemm_f = 2 * lin_local / gemm_rate + 2 * kn * BF16 / hbm
     weights_f = lin_local * BF16 / hbm
     weights_b = lin_local * (BF16 + 2 * FP32) / hbm  # dgrad read + fp32 wgrad accumulate r/w
-    elem = 2 * (10 * h / sp_div + 2 * (q + kv) / tp + (3 * f / tp if not ctx.is_moe else 0.0))
+    elem = 2 * (10 * h / sp_div + 2 * (q / tp + kv_local) + (3 * f / tp if not ctx.is_moe else 0.0))
+    if not c.apply_rope_fusion:
+        elem += ROPE_UNFUSED_PASSES * (q / tp + kv_local)
+    if not c.bias_activation_fusion and not ctx.is_moe:
+        elem += SWIGLU_UNFUSED_PASSES * 2 * f / tp
     elem_f = elem * BF16 / hbm
     core_f = 2 * ctx.seq_eff * q / tp / attn_rate
+    if c.attention_backend in ("unfused", "local"):
+        # scores materialised: GEMMs at the GEMM rate plus passes over the s x s matrix
+        passes = (
+            SCORE_PASSES_FUSED_SOFTMAX if c.masked_softmax_fusion else SCORE_PASSES_UNFUSED_SOFTMAX
+        )
+        core_f = 2 * ctx.seq_eff * q / tp / gemm_rate
+        core_f += passes * ctx.heads / tp * ctx.seq_eff / 2 * BF16 / hbm
     core_b = 2.5 * core_f
+    norm_f = 4 * h / sp_div * BF16 / hbm
+    mlp_f = (
+        (2 * 3 * h * f / tp / gemm_rate + 2 * 3 * f / tp * BF16 / hbm) if not ctx.is_moe else 0.0
+    )
     # tensor parallel: SP does all-gather/reduce-scatter (4 forward, 6 backward); plain TP does
     # all-reduces (2 forward, 2 backward) that move twice the bytes
     tp_f = tp_b = tp_fi = tp_bi = 0.0
     if tp > 1:
-        one = h * BF16 * (tp - 1) / tp / ctx.nvlink
+        one = h * BF16 * (tp - 1) / tp / _bandwidth_between(ctx, tp)
         if sp:
             tp_f, tp_b, tp_fi, tp_bi = 4 * one, 6 * one, 4 * lat, 6 * lat
         else:
@@ -155,6 +217,9 @@ def _layout_lin(ctx: Context, tp: int, cp: int, ep: int, etp: int, sp: bool, wor
     bwd_s = 2 * gemm_f + 2 * elem_f + core_b + tp_b + cp_b
     fwd_i = weights_f + tp_fi + cp_fi + host_f
     bwd_i = weights_b + tp_bi + cp_bi + host_b
+    if not c.gradient_accumulation_fusion:
+        bwd_i += lin_local * 2 * FP32 / hbm  # wgrad written, then added into the fp32 main grad
+    moe_fwd = act_fwd = 0.0
 
     if ctx.is_moe:
         routed = ctx.topk * etp / tp if (sp and tp > 1) else float(ctx.topk)
@@ -167,12 +232,21 @@ def _layout_lin(ctx: Context, tp: int, cp: int, ep: int, etp: int, sp: bool, wor
         act_bytes = routed * (2 * h + 6 * fe) * BF16 / hbm
         perm = routed * h * BF16 / hbm
         w_bytes = local_experts * 3 * h * fe
-        moe_f = expert_flops / grouped_rate + act_bytes + router + 4 * perm
+        if not c.bias_activation_fusion:
+            act_bytes += routed * SWIGLU_UNFUSED_PASSES * 2 * fe * BF16 / hbm
+        passes = PERMUTE_PASSES if c.moe_permute_fusion else PERMUTE_PASSES_UNFUSED
+        moe_f = expert_flops / grouped_rate + act_bytes + router + passes / 3 * perm
         moe_b = 2 * expert_flops / grouped_rate + 2 * act_bytes + 2 * router
-        moe_b += (PERMUTE_PASSES - 4) * perm
+        moe_b += passes * 2 / 3 * perm
+        if not c.moe_grouped_gemm:
+            tile = 0.0
+            fwd_i += local_experts * 3 * SEQUENTIAL_EXPERT_LAUNCH_S
+            bwd_i += local_experts * 6 * SEQUENTIAL_EXPERT_LAUNCH_S
         a2a_f = a2a_b = a2a_i = 0.0
         if ep > 1:
             vol = routed * h * BF16 * (ep - 1) / ep
+            if c.moe_token_dispatcher_type == "allgather":
+                vol = h * BF16 * (ep - 1) / sp_div  # every rank gathers every token
             if ep * etp <= ctx.local_gpus:
                 one = vol / ctx.nvlink
             else:
@@ -189,6 +263,10 @@ def _layout_lin(ctx: Context, tp: int, cp: int, ep: int, etp: int, sp: bool, wor
         bwd_s += moe_b + a2a_b
         fwd_i += tile + w_bytes * BF16 / hbm + a2a_i
         bwd_i += 2 * tile + w_bytes * (BF16 + 2 * FP32) / hbm + a2a_i
+        if not c.gradient_accumulation_fusion:
+            bwd_i += w_bytes * 2 * FP32 / hbm
+        moe_fwd = moe_f + a2a_f
+        act_fwd = act_bytes / 2
 
     # output layer and the log-prob/loss over the vocabulary (fused kernels: read once)
     head_local = ctx.head_or_embed() / tp
@@ -205,6 +283,10 @@ def _layout_lin(ctx: Context, tp: int, cp: int, ep: int, etp: int, sp: bool, wor
         bwd_slope=bwd_s,
         bwd_icpt=bwd_i,
         core_fwd_slope=core_f,
+        norm_fwd_slope=norm_f,
+        mlp_fwd_slope=mlp_f,
+        moe_fwd_slope=moe_fwd,
+        moe_act_fwd_slope=act_fwd,
         head_fwd_slope=head_f,
         head_fwd_icpt=head_wi + tp_head,
         head_bwd_slope=head_b,
@@ -237,15 +319,24 @@ class _Gen:
     """KV-cache capacity of one engine, tokens."""
 
 
-def _decode_step_s(ctx: Context, rtp: int, batch: float, context_len: float) -> float:
-    """One vLLM decode step of `batch` sequences whose mean context is `context_len`: the GPU
-    streams weights and KV cache or computes, whichever is longer (eager launches can also bound
-    it), then TP all-reduces, then the engine's host work."""
+def _decode_step_s(
+    ctx: Context, rtp: int, rdp: int, rep: int, batch: float, context_len: float
+) -> float:
+    """One vLLM decode step of `batch` sequences (per engine) whose mean context is
+    `context_len`: the GPU streams weights and KV cache or computes, whichever is longer (eager
+    launches can also bound it), then the TP all-reduces (over the network when TP spans
+    nodes) and, for a MoE with rollout DP, the expert collectives, then the engine's host work.
+    At low batch the weight read dominates: the long tail's steps cost nearly a full one."""
     p = ctx.profile
-    dense_w = (ctx.total_params - ctx.expert_params_total) * BF16 / rtp
-    expert_w = ctx.expert_params_total * BF16 / rtp
+    kv_params = ctx.layers * 2 * ctx.hidden * ctx.kv_dim
+    # vLLM replicates kv heads when rtp exceeds them: K/V weights and cache stop shrinking
+    kv_share = max(1.0 / rtp, 1.0 / ctx.kv_heads)
+    dense_w = ((ctx.total_params - ctx.expert_params_total - kv_params) / rtp) * BF16
+    dense_w += kv_params * kv_share * BF16
+    group = rtp * rdp  # MoE layers shard the experts over the replica's tp * dp GPUs
+    expert_w = ctx.expert_params_total * BF16 / group
     if ctx.is_moe:
-        touched = 1.0 - (1.0 - ctx.topk / ctx.experts) ** max(batch, 1.0)
+        touched = 1.0 - (1.0 - ctx.topk / ctx.experts) ** max(batch * rdp, 1.0)
         expert_w *= touched
     kv_heads_local = max(1.0, ctx.kv_heads / rtp)
     kv_token = 2 * ctx.layers * kv_heads_local * ctx.head_dim * BF16
@@ -259,9 +350,20 @@ def _decode_step_s(ctx: Context, rtp: int, batch: float, context_len: float) -> 
     launch = ctx.layers * kernels * p.decode_launch_s
     gpu = max(mem, comp, launch)
     comm = 0.0
+    lat = p.collective_latency_s
     if rtp > 1:
-        per = batch * ctx.hidden * BF16 * 2 * (rtp - 1) / rtp / ctx.nvlink
-        comm = 2 * ctx.layers * (p.collective_latency_s + per)
+        bw = _bandwidth_between(ctx, rtp)
+        lat_tp = lat * (INTERNODE_LATENCY_FACTOR if rtp > ctx.local_gpus else 1.0)
+        per = batch * ctx.hidden * BF16 * 2 * (rtp - 1) / rtp / bw
+        comm = 2 * ctx.layers * (lat_tp + per)
+    if ctx.is_moe and rdp > 1:
+        bw = _bandwidth_between(ctx, group)
+        lat_g = lat * (INTERNODE_LATENCY_FACTOR if group > ctx.local_gpus else 1.0)
+        if rep > 1:  # all-to-all dispatch and combine of the routed tokens
+            vol = 2 * batch * ctx.topk * ctx.hidden * BF16 * (group - 1) / group
+        else:  # experts tensor-parallel over tp*dp: gather the dp ranks' tokens, reduce back
+            vol = 2 * batch * rdp * ctx.hidden * BF16 * (group - 1) / group
+        comm += ctx.layers * (2 * lat_g + vol / bw)
     host = p.decode_step_overhead_s + batch * p.decode_seq_overhead_s
     return gpu + comm + host
 
@@ -270,20 +372,43 @@ DRAIN_SEGMENTS = 48
 """Pieces the decode tail is integrated over."""
 
 
-def _generation(ctx: Context, rtp: int, util: float, mnbt: int, kv_bytes: float) -> _Gen:
-    """Seconds the slowest engine needs for its share of the batch.
+def _tail_end(n: float, survival: Any, cap: float) -> float:
+    """Where n·survival(x) falls to one: the expected end of the longest of n (bisection)."""
+    if n * survival(cap * (1 - 1e-9)) >= 1.0:
+        return cap
+    lo, hi = 0.0, cap
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if n * survival(mid) >= 1.0:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
-    Response lengths are exponential with scale θ, capped at the maximum. An engine runs its
-    sequences with concurrency C = min(its share, max_num_seqs, KV capacity / mean context);
-    while sequences wait it makes C tokens per step, then the last C drain: the active count
-    decays as C·e^(-t/θ) and the slowest engine runs until the longest response of the batch,
-    about θ(ln N + γ) steps or the cap."""
-    key = (rtp, util, mnbt)
+
+def _generation(
+    ctx: Context, rtp: int, rdp: int, rep: int, util: float, mnbt: int, mns: int, kv_bytes: float
+) -> _Gen:
+    """Seconds the slowest engine needs for its share of the batch, from the response-length
+    model (tuner.lengths) and the scheduler's concurrency.
+
+    Each vLLM scheduler (one per rollout-TP group; a DP rank has its own) runs at most
+    C = min(its share, max_num_seqs, max_num_batched_tokens, KV capacity / in-flight context)
+    sequences. While sequences wait, every finished one is replaced: C run at once. When the
+    queue empties the C in flight have residual lengths from the length-biased residual law, so
+    the active count decays as C·P(residual > r) and the step ends when the longest response of
+    the whole batch ends (where the in-flight count of all engines falls to one): the last
+    decode steps run at low occupancy, each costing nearly a full weight read. When the share
+    fits at once, all start together and the count decays as share·P(length > t)."""
+    key = (rtp, rdp, rep, util, mnbt, mns)
     hit = ctx.generation_cache.get(key)
     if hit is not None:
         return hit  # type: ignore[return-value]
-    engines = max(1, ctx.cluster.num_gpus // rtp)
-    share = ctx.samples / engines
+    lengths = ctx.lengths
+    if lengths is None:  # set in Context.__post_init__
+        raise RuntimeError("context without a response-length model")
+    schedulers = max(1, ctx.cluster.num_gpus // rtp)
+    share = ctx.samples / schedulers
     kv_heads_local = max(1.0, ctx.kv_heads / rtp)
     kv_token = 2 * ctx.layers * kv_heads_local * ctx.head_dim * BF16
     kv_tokens = max(0.0, kv_bytes) / kv_token
@@ -291,20 +416,32 @@ def _generation(ctx: Context, rtp: int, util: float, mnbt: int, kv_bytes: float)
         gen = _Gen(math.inf, 0.0, kv_tokens)
         ctx.generation_cache[key] = gen
         return gen
-    theta, cap = ctx.theta, ctx.response_max
+    cap = float(ctx.response_max)
     prompt, mean = ctx.prompt_mean, ctx.response_mean
-    conc = min(share, float(VLLM_MAX_NUM_SEQS), float(mnbt), kv_tokens / (prompt + mean))
+    res_mean = lengths.mean_residual()
+    conc = min(share, float(mns), float(mnbt), kv_tokens / (prompt + res_mean))
     conc = max(conc, 1.0)
     seconds = 0.0
-    if share > conc:  # the busy phase: C sequences, C tokens per step
-        steps = max(0.0, share * mean / conc - mean)
-        seconds += steps * _decode_step_s(ctx, rtp, conc, prompt + mean)
-    longest = min(float(cap), theta * (math.log(max(2.0, conc * engines)) + EULER_GAMMA))
-    seg = longest / DRAIN_SEGMENTS
-    for i in range(DRAIN_SEGMENTS):
-        t = (i + 0.5) * seg
-        active = max(1.0, conc * math.exp(-t / theta))
-        seconds += seg * _decode_step_s(ctx, rtp, active, prompt + t)
+    if share > conc:
+        # busy phase: C in flight; the tokens left to the drain are C mean residuals
+        steps = max(0.0, (share * mean - conc * res_mean) / conc)
+        seconds += steps * _decode_step_s(ctx, rtp, rdp, rep, conc, prompt + res_mean)
+        surv = lengths.residual_survival
+        end = _tail_end(conc * schedulers, surv, cap)
+        seg = end / DRAIN_SEGMENTS
+        for i in range(DRAIN_SEGMENTS):
+            r = (i + 0.5) * seg
+            active = max(1.0, conc * surv(r))
+            ctx_len = prompt + min(cap, res_mean + r)
+            seconds += seg * _decode_step_s(ctx, rtp, rdp, rep, active, ctx_len)
+    else:
+        surv = lengths.survival
+        end = _tail_end(share * schedulers, surv, cap)
+        seg = end / DRAIN_SEGMENTS
+        for i in range(DRAIN_SEGMENTS):
+            t = (i + 0.5) * seg
+            active = max(1.0, share * surv(t))
+            seconds += seg * _decode_step_s(ctx, rtp, rdp, rep, active, prompt + t)
     # prefill of the engine's prompts (chunked into the decode steps, compute-bound)
     p = ctx.profile
     prefill_flops = (
@@ -331,8 +468,9 @@ def phase_times_of(ctx: Context, c: Candidate) -> PhaseTimes:
     lay = c.layout
     p = ctx.profile
     tp, pp, vpp, cp, dp = lay.tp, lay.pp, lay.vpp, lay.cp, lay.dp
-    lin = _layout_lin(ctx, tp, cp, lay.ep, lay.etp, c.sequence_parallel, lay.world)
-    layers_stage = ctx.layers / pp
+    lin = _layout_lin(ctx, c)
+    # the slowest pipeline stage sets the pace (uneven splits: the largest stage)
+    layers_stage = max(lay.stage_layers(ctx.layers)) if lay.uneven else ctx.layers / pp
     minis = ctx.minis
 
     # --- actor update: micro-batches of the slowest DP rank in each mini-batch
@@ -362,7 +500,16 @@ def phase_times_of(ctx: Context, c: Candidate) -> PhaseTimes:
             frac = 1.0
         recompute = frac * fwd
     elif c.recompute_granularity == "selective":
-        recompute = layers_stage * lin.core_fwd_slope * tok
+        slope = 0.0
+        for module in modules_of(c):
+            slope += {
+                "core_attn": lin.core_fwd_slope,
+                "layernorm": lin.norm_fwd_slope,
+                "mlp": lin.mlp_fwd_slope,
+                "moe": lin.moe_fwd_slope,
+                "moe_act": lin.moe_act_fwd_slope,
+            }.get(module, 0.0)
+        recompute = layers_stage * slope * tok
     else:
         recompute = 0.0
     p2p = 0.0
@@ -393,7 +540,7 @@ def phase_times_of(ctx: Context, c: Candidate) -> PhaseTimes:
     moved = 0.0
     if c.param_offload:
         moved += weights_b
-    if c.grad_offload:
+    if c.param_offload:  # verl 0.9.1: param_offload moves the gradient buffers too
         moved += grads_b
     if c.optimizer_offload:
         moved += optim_b
@@ -432,7 +579,16 @@ def phase_times_of(ctx: Context, c: Candidate) -> PhaseTimes:
 
     # --- generation
     mnbt = c.max_num_batched_tokens or ctx.max_seq
-    gen = _generation(ctx, rtp, c.gpu_memory_utilization, mnbt, kv_cache_bytes(ctx, c)).seconds
+    gen = _generation(
+        ctx,
+        rtp,
+        c.rollout_dp,
+        c.rollout_ep,
+        c.gpu_memory_utilization,
+        mnbt,
+        c.max_num_seqs,
+        kv_cache_bytes(ctx, c),
+    ).seconds
     gen += ctx.batch_bytes_generation * ship
 
     flops = ctx.tokens_step * ctx.forward_flops_per_token() * 3

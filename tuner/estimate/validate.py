@@ -34,10 +34,12 @@ REFERENCE_DEFAULTS = {
     "n": 16,
     "gpu_memory_utilization": 0.6,
     "offload": True,
+    "max_num_seqs": 1024,
 }
 """What the reference rows leave out, from the reference recipes' conventions
 (shared/anchors/README.md): 16 responses per prompt, vLLM at 0.6 of memory, param/grad/optimizer
-offload on, max_num_batched_tokens = prompt + response. Rows that switch dynamic batching off
+offload on, max_num_batched_tokens = prompt + response, and vLLM's max_num_seqs 1024 (the
+rollout default of the verl releases the references ran, before 0.9 lowered it to 256). Rows that switch dynamic batching off
 without giving a micro-batch size use the GRPO recipe's sizes (GRPO_RECIPE)."""
 
 RECIPE_INPUTS: dict[tuple[str, str], dict[str, object]] = {
@@ -239,12 +241,12 @@ def _reference_case(
         sequence_parallel=layout.tp > 1,
         recompute_granularity=recompute,
         param_offload=offload,
-        grad_offload=offload,
         optimizer_offload=offload,
         use_fused_kernels=True,
         rollout_tp=int((row.get("infer_parallel") or "tp1").lower().removeprefix("tp") or 1),
         gpu_memory_utilization=util,
         max_num_batched_tokens=workload.max_seq_len,
+        max_num_seqs=int(d["max_num_seqs"]),  # type: ignore[call-overload]
         **kw,  # type: ignore[arg-type]
     )
     label = f"{study}:{row.get('trial', '')}"

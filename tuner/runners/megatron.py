@@ -115,7 +115,7 @@ def worker_spec(
             "moe_ffn_hidden_size": model.moe_ffn_hidden_size,
             "qkv_bias": model.qkv_bias,
             "tie_word_embeddings": model.tie_word_embeddings,
-            "qk_layernorm": bool(getattr(model, "qk_layernorm", False)),
+            "qk_layernorm": model.qk_layernorm,
         },
         "layout": {
             "tp": lay.tp,
@@ -133,7 +133,7 @@ def worker_spec(
         },
         "offload": {
             "param": c.param_offload,
-            "grad": c.grad_offload,
+            "grad": c.param_offload,  # verl 0.9.1: param_offload moves grads too
             "optimizer": c.optimizer_offload,
         },
         "batch": {

@@ -207,13 +207,6 @@ class VerlRunner(Runner):
 
     def run(self, spec: TrialSpec) -> TrialResult:
         c = spec.candidate
-        if c.grad_offload != c.param_offload:
-            return TrialResult(
-                status=Status.PRUNED_INVALID,
-                source=self.name,
-                reason="verl 0.9 offloads gradients together with parameters "
-                "(megatron.param_offload): grad_offload must equal param_offload",
-            )
         trial_dir = spec.trial_dir.resolve()
         trial_dir.mkdir(parents=True, exist_ok=True)
         data = self.dataset(spec)

@@ -1,0 +1,76 @@
+"""A leaderboard row back into a runnable verl recipe script (`tune export`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuner.errors import UserError
+
+
+def choose_row(
+    rows: list[dict[str, str]], csv_path: Path, *, rank: int = 1, trial: int | None = None
+) -> dict[str, str]:
+    """The row of trial `trial`, else the `rank`-th ok row by throughput (1 = best)."""
+    from tuner.results import rank as ranked
+
+    if trial is not None:
+        chosen = [r for r in rows if r.get("trial") == str(trial)]
+        if not chosen:
+            raise UserError(f"no trial {trial} in {csv_path}: pick one from `tune show`")
+        return chosen[0]
+    ok = ranked(rows, status="ok")
+    if not ok:
+        raise UserError(f"{csv_path} has no ok row to export: pass --trial N for another row")
+    if not 1 <= rank <= len(ok):
+        raise UserError(f"{csv_path} has {len(ok)} ok rows: pass --rank 1..{len(ok)}")
+    return ok[rank - 1]
+
+
+def export_recipe(
+    csv_path: Path,
+    *,
+    rank: int = 1,
+    trial: int | None = None,
+    steps: int = 3,
+    recipes_dir: Path = Path("recipes"),
+) -> Path:
+    """Write the chosen row as `recipes_dir/<model>/<name>.sh`; returns its path."""
+    from tuner import recipes
+    from tuner.hardware import Cluster, get_gpu
+    from tuner.models import get_model
+    from tuner.results import read_raw
+    from tuner.space import Candidate
+    from tuner.workload import PRESETS, Workload, get_workload
+
+    row = choose_row(read_raw(csv_path), csv_path, rank=rank, trial=trial)
+    try:
+        model = get_model(row["model"])
+        cluster = Cluster(
+            gpu=get_gpu(row["gpu"]),
+            num_gpus=int(row["num_gpus"]),
+            gpus_per_node=int(row["gpus_per_node"]),
+        )
+        base = get_workload(row["workload"]) if row.get("workload") in PRESETS else Workload()
+        workload = base.with_overrides(
+            algorithm=row["algorithm"],
+            prompt_len=int(row["max_prompt_len"]),
+            response_len=int(row["max_response_len"]),
+            batch_size=int(row["bs"]),
+            n=int(row["n"]),
+            mini_batch_size=int(row["mini_bs"]),
+            # the lengths the row was scored with travel into the recipe's comment
+            prompt_mean=round(float(row.get("prompt_mean_len") or 0)),
+            response_mean=round(float(row.get("response_mean_len") or 0)),
+        )
+        cand = Candidate.from_record(row, cluster.num_gpus)
+    except (KeyError, ValueError) as e:
+        if isinstance(e, UserError):
+            raise
+        raise UserError(
+            f"{csv_path} trial {row.get('trial')} cannot be exported ({type(e).__name__}: {e}): "
+            "the row is incomplete or damaged; pick another with --trial"
+        ) from None
+    recipe = recipes.render(
+        cand, model, cluster, workload, steps=steps, origin=recipes.origin_of(csv_path, row)
+    )
+    return recipes.write(recipe, recipes_dir / recipes._slug(model.name), suffix=f"t{row['trial']}")

@@ -1,0 +1,171 @@
+"""The one response-length model: the cost model integrates it, the measuring runners draw from it.
+
+RL rollouts (DAPO/GRPO on math) produce response lengths with a long right tail and a spike at
+the cap (`data.max_response_length`): most answers end after a few hundred to a few thousand
+tokens, a few ramble until they are truncated. The model is a mixture:
+
+    with probability q            the response is truncated at the cap;
+    with probability 1 - q        it is min(Exp(θ), cap).
+
+`q` is the truncated share beyond what the exponential itself puts at the cap (verl logs the
+whole share as `response_length/clip_ratio`); θ is solved so that the mean is the workload's
+mean. The survival function S(x) = P(length > x) = q + (1 - q)·e^(-x/θ) for x < cap.
+
+A generation step ends when its longest response ends, so the tail decides how long the last,
+nearly empty decode steps run (tuner/estimate/time.py integrates S and its residual-life form).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+DEFAULT_CLIP_FRACTION = 0.0
+"""Extra share of responses truncated at the cap when the workload does not say. The capped
+exponential already puts e^(-cap/θ) at the cap, which grows as the mean approaches the cap
+(0.25% at a 3.3k mean under a 20k cap, nothing at a 0.5k mean under 8k, as the GRPO
+reference's 68 s generation shows); a run whose `response_length/clip_ratio` is higher sets
+the workload's `response_clip_fraction`, and the spike is added on top."""
+EULER_GAMMA = 0.5772156649
+"""Expected max of n unit exponentials is ln(n) + gamma."""
+
+
+def solve_theta(mean: float, cap: float) -> float:
+    """Scale θ of an exponential capped at `cap` whose mean is `mean`: mean = θ(1 - e^(-cap/θ)).
+    Fixed-point iteration, monotone and fast."""
+    if mean <= 0:
+        return 1.0
+    if mean >= cap * 0.999:
+        return cap * 1e3
+    theta = mean
+    for _ in range(200):
+        nxt = mean / (1.0 - math.exp(-cap / theta))
+        if abs(nxt - theta) < 1e-9 * theta:
+            return nxt
+        theta = nxt
+    return theta
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResponseLengths:
+    """Response lengths of one step: a capped exponential plus a spike at the cap."""
+
+    mean: float
+    """Mean response length, tokens."""
+    cap: int
+    """`data.max_response_length`, tokens."""
+    clip_fraction: float
+    """q: the extra share truncated at the cap (0 gives a plain capped exponential)."""
+    theta: float
+    """Scale of the exponential part."""
+
+    @classmethod
+    def of(
+        cls, mean: float, cap: int, clip_fraction: float = DEFAULT_CLIP_FRACTION
+    ) -> ResponseLengths:
+        """The model with this mean and cap. A clip fraction the mean cannot carry (q·cap above
+        the mean) is lowered to half the mean's share of the cap."""
+        if cap <= 0:
+            raise ValueError(f"the response cap must be positive, got {cap}")
+        if not 0 <= clip_fraction < 1:
+            raise ValueError(f"clip fraction {clip_fraction} must lie in [0, 1)")
+        mean = min(max(mean, 1.0), float(cap))
+        q = min(clip_fraction, 0.5 * mean / cap)
+        rest = (mean - q * cap) / (1.0 - q)
+        return cls(mean=mean, cap=cap, clip_fraction=q, theta=solve_theta(rest, cap))
+
+    @property
+    def at_cap(self) -> float:
+        """P(length = cap): the spike plus the exponential's own mass beyond the cap."""
+        q = self.clip_fraction
+        return q + (1.0 - q) * math.exp(-self.cap / self.theta)
+
+    def survival(self, x: float) -> float:
+        """P(length > x)."""
+        if x >= self.cap:
+            return 0.0
+        if x <= 0:
+            return 1.0
+        q = self.clip_fraction
+        return q + (1.0 - q) * math.exp(-x / self.theta)
+
+    def second_moment(self) -> float:
+        """E[length^2]."""
+        q, t, c = self.clip_fraction, self.theta, float(self.cap)
+        x = c / t
+        capped = 2 * t * t * (1 - math.exp(-x) * (1 + x)) + c * c * math.exp(-x)
+        return q * c * c + (1 - q) * capped
+
+    def mean_residual(self) -> float:
+        """Mean remaining length of a response found in flight at a random time (the
+        length-biased residual life E[L^2] / (2 E[L]))."""
+        return self.second_moment() / (2.0 * self.mean)
+
+    def residual_survival(self, r: float) -> float:
+        """P(remaining length > r) for a response found in flight at a random time:
+        ∫_r^cap S(x) dx / mean."""
+        if r >= self.cap:
+            return 0.0
+        r = max(0.0, r)
+        q, t, c = self.clip_fraction, self.theta, float(self.cap)
+        integral = q * (c - r) + (1 - q) * t * (math.exp(-r / t) - math.exp(-c / t))
+        return min(1.0, integral / self.mean)
+
+    def longest_of(self, n: float) -> float:
+        """Expected longest of n responses (the cap once n·P(length = cap) reaches one)."""
+        n = max(1.0, n)
+        if n * self.at_cap >= 1.0:
+            return float(self.cap)
+        q = self.clip_fraction
+        return min(
+            float(self.cap), self.theta * (math.log(n * (1 - q) / (1 - n * q)) + EULER_GAMMA)
+        )
+
+    def quantile(self, u: float) -> float:
+        """Inverse of the distribution function (u in [0, 1))."""
+        s = 1.0 - u
+        if s <= self.at_cap:
+            return float(self.cap)
+        q = self.clip_fraction
+        return min(float(self.cap), -self.theta * math.log((s - q) / (1.0 - q)))
+
+
+def draw_response_lengths(
+    count: int,
+    *,
+    max_len: int,
+    mean_len: float,
+    seed: int,
+    clip_fraction: float = DEFAULT_CLIP_FRACTION,
+) -> list[int]:
+    """`count` response lengths in 1..max_len from ResponseLengths whose mean is `mean_len` (to
+    the nearest token of the total), the same for the same arguments on any Python."""
+    if count <= 0:
+        raise ValueError(f"count must be positive, got {count}")
+    if max_len <= 0:
+        raise ValueError(f"max_len must be positive, got {max_len}")
+    if not 1 <= mean_len <= max_len:
+        raise ValueError(f"mean response length {mean_len} must lie in 1..{max_len}")
+    if mean_len >= max_len:
+        return [max_len] * count
+    model = ResponseLengths.of(mean_len, max_len, clip_fraction)
+    rng = random.Random(seed)
+    out = [min(max_len, max(1, round(model.quantile(rng.random())))) for _ in range(count)]
+    target = round(count * mean_len)
+    order = list(range(count))
+    rng.shuffle(order)
+    diff = target - sum(out)
+    while diff:
+        step = 1 if diff > 0 else -1
+        moved = False
+        for i in order:
+            if diff == 0:
+                break
+            if 1 <= out[i] + step <= max_len:
+                out[i] += step
+                diff -= step
+                moved = True
+        if not moved:
+            break
+    return out

@@ -1,0 +1,148 @@
+"""From the command line's values to the library's objects: the setup (model, cluster,
+workload), the study request, the one candidate `tune estimate` scores. The CLI parses and
+prints; these build (and raise UserError for what does not fit together)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import UserError
+from tuner.hardware import Cluster
+from tuner.models import ModelSpec
+from tuner.space import Candidate
+from tuner.workload import Workload
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Setup:
+    """What a study or an estimate is about."""
+
+    model: ModelSpec
+    """The model (registry entry or read from a config.json)."""
+    cluster: Cluster
+    """GPU kind and count."""
+    workload: Workload
+    """The RL workload: the preset with the user's overrides."""
+
+
+def build_setup(args: argparse.Namespace) -> Setup:
+    """The model, cluster and workload of `--model --gpus --gpus-per-node --gpu --workload`
+    and the workload overrides."""
+    from tuner.hardware import get_gpu
+    from tuner.models import get_model
+    from tuner.workload import get_workload
+
+    model = get_model(args.model)
+    cluster = Cluster(gpu=get_gpu(args.gpu), num_gpus=args.gpus, gpus_per_node=args.gpus_per_node)
+    workload = get_workload(args.workload).with_overrides(
+        algorithm=args.algorithm,
+        prompt_len=args.prompt_len,
+        response_len=args.response_len,
+        response_mean=args.response_mean,
+        prompt_mean=args.prompt_mean,
+        batch_size=args.batch,
+        n=args.n,
+        mini_batch_size=args.mini_batch,
+    )
+    return Setup(model=model, cluster=cluster, workload=workload)
+
+
+def verl_runner_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The `--runner verl` options, as VerlRunner's keyword arguments."""
+    return {
+        "launcher": args.launcher,
+        "model_path": args.model_path,
+        "train_file": args.train_file,
+        "reward_fn": args.reward_fn,
+        "ray_address": args.ray_address,
+        "slurm_partition": args.slurm_partition,
+        "slurm_account": args.slurm_account,
+        "slurm_args": args.slurm_arg,
+        "slurm_setup": args.slurm_setup,
+    }
+
+
+def _has_field(cls: type, name: str) -> bool:
+    return any(f.name == name for f in dataclasses.fields(cls))
+
+
+def build_request(args: argparse.Namespace, setup: Setup, runner: Any) -> Any:
+    """The TuneRequest of `tune run`'s arguments (study.TuneRequest checks its own values)."""
+    from tuner.estimate import load_profile
+    from tuner.study import TuneRequest
+
+    extra: dict[str, Any] = {}
+    headroom = getattr(args, "headroom_gib", None)
+    if headroom is not None:
+        if not _has_field(TuneRequest, "headroom_gib"):
+            raise UserError("--headroom-gib is not supported by this version: leave it out")
+        extra["headroom_gib"] = headroom
+    return TuneRequest(
+        model=setup.model,
+        model_arg=args.model,
+        cluster=setup.cluster,
+        workload=setup.workload,
+        runner=runner,
+        trials=args.trials,
+        timeout_s=args.timeout,
+        trial_timeout_s=args.trial_timeout,
+        storage=args.storage,
+        study_name=args.study,
+        results_dir=args.results_dir,
+        recipes_dir=args.recipes_dir,
+        recipes=args.recipes,
+        seed=args.seed,
+        warm_start=not args.no_warm_start,
+        profile=load_profile(args.profile),
+        **extra,
+    )
+
+
+def check_request_paths(req: Any) -> None:
+    """The study's own files are not blocked: its CSV is not a folder, its trial folder is not
+    a file, a storage path is not a folder. Run before the study writes anything."""
+    from tuner.cli_args import check_writable_dir, check_writable_file
+
+    check_writable_file(Path(req.csv_path), f"leaderboard of study {req.name}:")
+    check_writable_dir(Path(req.results_dir) / req.name, f"trial folder of study {req.name}:")
+    url = str(req.storage_url)
+    if url.startswith("sqlite:///"):
+        check_writable_file(Path(url.removeprefix("sqlite:///")), "--storage")
+    elif "://" not in url:
+        check_writable_file(Path(url), "--storage")
+
+
+def build_candidate(args: argparse.Namespace, setup: Setup) -> Candidate:
+    """The one configuration `tune estimate` scores, from its flags; UserError naming every
+    broken rule if it is not valid for the setup."""
+    from tuner.space import ParallelLayout, validate
+
+    lay = ParallelLayout.parse(args.layout, setup.cluster.num_gpus)
+    seq = setup.workload.max_seq_len
+    fixed = args.micro_batch is not None
+    offload: dict[str, Any] = {"param_offload": args.offload, "optimizer_offload": args.offload}
+    if _has_field(Candidate, "grad_offload"):  # being removed: verl 0.9 offloads grads w/ params
+        offload["grad_offload"] = args.offload
+    c = Candidate(
+        layout=lay,
+        sequence_parallel=lay.tp > 1 and not args.no_sequence_parallel,
+        recompute_granularity=args.recompute,
+        use_fused_kernels=not args.no_fused_kernels,
+        use_dynamic_bsz=not fixed,
+        ppo_max_token_len_per_gpu=args.max_token_len or 2 * seq,
+        log_prob_max_token_len_per_gpu=args.logprob_max_token_len or 3 * seq,
+        ppo_micro_batch_size_per_gpu=args.micro_batch or 1,
+        log_prob_micro_batch_size_per_gpu=args.micro_batch or 1,
+        rollout_tp=args.rollout_tp,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_batched_tokens=args.max_num_batched_tokens or seq,
+        **offload,
+    )
+    problems = validate(c, setup.model, setup.cluster, setup.workload)
+    if problems:
+        raise UserError(f"layout {args.layout}: " + "; ".join(problems))
+    return c

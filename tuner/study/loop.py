@@ -1,0 +1,326 @@
+"""The study loop: open the storage, reclaim what a killed worker left, enqueue the warm start
+once, then ask → propose → evaluate → store the record → tell → rebuild the CSV view, until
+the study holds --trials counted trials (all workers together)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner import recipes
+from tuner.errors import UserError
+from tuner.results import Status, TrialRecord, rank, row_of
+from tuner.space import Candidate, SearchSpace, sample
+from tuner.study.learn import SlowerThanBestPruner, StudyLearner, should_stop_for
+from tuner.study.objective import (
+    NOT_COPIED,
+    build_record,
+    evaluate,
+    interrupted_record,
+    now,
+    propose,
+)
+from tuner.study.request import Progress, StudySummary, TuneRequest
+from tuner.study.storage import (
+    NOT_COUNTED,
+    RECORD_ATTR,
+    WORKER,
+    open_storage,
+    reclaim_interrupted,
+    record_of,
+    running_elsewhere,
+    state_for,
+    storage_label,
+    store_record,
+    study_lock,
+)
+from tuner.study.view import check_leaderboard, write_leaderboard
+from tuner.study.warmstart import WARM_START_ATTR, enqueue_warm_start, warm_start_params
+
+MAX_CONSECUTIVE_UNFIT = 200
+"""Candidates in a row predicted not to fit after which the study gives up (its space does not
+fit the GPUs); they do not count against --trials."""
+VIEW_EVERY_PRUNED = 25
+"""The CSV is rebuilt after every launched trial, and after this many pruned ones (their
+records are in the storage at once; the CSV catches up, at the latest when the study ends)."""
+RECIPES_ATTR = "recipes"
+"""Study user attr: {trial number: recipe path} of the recipes written for the best rows."""
+_FINISHED = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.PRUNED,
+    optuna.trial.TrialState.FAIL,
+)
+_COUNTED_OFF = frozenset(s.value for s in NOT_COUNTED)
+
+
+def _counts(t: optuna.trial.FrozenTrial) -> bool:
+    """Whether a finished trial counts against --trials."""
+    return t.state in _FINISHED and str(t.user_attrs.get("status", "")) not in _COUNTED_OFF
+
+
+class _Study:
+    """One worker's view of the study: the Optuna study, its records, the CSV view."""
+
+    def __init__(self, req: TuneRequest, space: SearchSpace) -> None:
+        self.req, self.space = req, space
+        self.url = req.storage_url
+        self.label = storage_label(self.url)
+        storage = open_storage(self.url)
+        sampler = optuna.samplers.TPESampler(
+            seed=req.seed, multivariate=True, group=True, n_startup_trials=10, constant_liar=True
+        )
+        try:
+            self.study = optuna.create_study(
+                study_name=req.name,
+                storage=storage,
+                sampler=sampler,
+                pruner=SlowerThanBestPruner(),
+                direction="maximize",
+                load_if_exists=True,
+            )
+        except Exception as e:
+            first = str(e).splitlines()[0][:160]
+            raise UserError(
+                f"cannot open study {req.name} in {self.url} ({first}): "
+                "pass --storage with another path"
+            ) from None
+        fingerprint = f"{space.fingerprint()}|{req.runner.name}"
+        old = self.study.user_attrs.get("space")
+        if old is None:
+            self.study.set_user_attr("space", fingerprint)
+        elif old != fingerprint:
+            raise UserError(
+                f"study {req.name} was made for another model/cluster/workload/runner "
+                f"({old}); pass --study NEW_NAME to start a new one"
+            )
+        self.legacy, self.notes = check_leaderboard(req.csv_path, req.name, self.label)
+        self.records: dict[int, TrialRecord] = {}
+        """Parsed records by trial number (parsed once; for learning and repeats)."""
+        self.learner = StudyLearner(
+            capacity_gib=req.cluster.gpu.memory_gib, headroom_gib=req.headroom_gib
+        )
+
+    def lock(self) -> contextlib.AbstractContextManager[bool]:
+        return study_lock(self.url, self.req.name)
+
+    def start(self) -> None:
+        """Reclaim trials of killed workers; enqueue the warm start once per study."""
+        req = self.req
+        with self.lock() as locked_:
+            reclaim_interrupted(
+                self.study,
+                lambda t: interrupted_record(req, self.label, self.space, t),
+                locked_,
+            )
+            if (
+                req.warm_start
+                and not self.study.user_attrs.get(WARM_START_ATTR)
+                and not self.study.get_trials(deepcopy=False)
+            ):
+                params = warm_start_params(self.space, req.profile, req.seed, req.runner)
+                enqueue_warm_start(self.study, params)
+
+    def trials(self) -> list[optuna.trial.FrozenTrial]:
+        """The study's trials; new finished records are parsed and learned from."""
+        ts = self.study.get_trials(deepcopy=False)
+        for t in ts:
+            if t.state in _FINISHED and t.number not in self.records:
+                rec = record_of(t) or self.legacy.get(t.number)
+                if rec is not None:
+                    self.records[t.number] = rec
+                    self.learner.observe(rec)
+        return ts
+
+    def counted(self, ts: list[optuna.trial.FrozenTrial]) -> int:
+        return sum(1 for t in ts if _counts(t))
+
+    def write_view(self, ts: list[optuna.trial.FrozenTrial] | None = None) -> None:
+        """Rebuild the CSV from the storage (all workers' records), atomically."""
+        ts = self.trials() if ts is None else ts
+        recs: list[dict[str, Any]] = []
+        for t in ts:
+            if t.state not in _FINISHED:
+                continue
+            d = t.user_attrs.get(RECORD_ATTR)
+            if isinstance(d, dict):
+                recs.append(d)
+            elif t.number in self.legacy:
+                recs.append({**self.legacy[t.number].to_dict(), "storage": self.label})
+        got = self.study.user_attrs.get(RECIPES_ATTR)
+        write_leaderboard(self.req.csv_path, recs, got if isinstance(got, dict) else None)
+
+    def best(self) -> tuple[float, str] | None:
+        ok = [r for r in self.records.values() if r.status is Status.OK and r.tokens_per_s_per_gpu]
+        if not ok:
+            return None
+        b = max(ok, key=lambda r: r.tokens_per_s_per_gpu or 0.0)
+        return float(b.tokens_per_s_per_gpu or 0.0), b.train_parallel
+
+    def repeat_of(self, params: dict[str, Any], number: int) -> TrialRecord | None:
+        """The earliest finished trial with the same sampler params, if it measured anything."""
+        key = tuple(sorted(params.items()))
+        for t in self.study.get_trials(deepcopy=False, states=_FINISHED):
+            if t.number == number or tuple(sorted(t.params.items())) != key:
+                continue
+            rec = self.records.get(t.number)
+            if rec is not None and rec.status not in NOT_COPIED:
+                return rec
+        return None
+
+
+def run_study(
+    req: TuneRequest,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> StudySummary:
+    """Run (or resume, or join as one more worker) the study of `req`. The runner is closed at
+    the end, also on error."""
+    try:
+        space = SearchSpace(
+            model=req.model,
+            cluster=req.cluster,
+            workload=req.workload,
+            limits=req.runner.space_limits(req.model),
+        )
+        space.check_nonempty()
+        req.runner.check_available(req.cluster)
+        optuna.logging.set_verbosity(logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        return _run(req, space, on_progress)
+    finally:
+        close = getattr(req.runner, "close", None)
+        if callable(close):
+            close()
+
+
+def _run(
+    req: TuneRequest, space: SearchSpace, on_progress: Callable[[Progress], None] | None
+) -> StudySummary:
+    s = _Study(req, space)
+    s.start()
+    ts = s.trials()
+    s.write_view(ts)
+    resumed_from = done = s.counted(ts)
+    notes = list(s.notes)
+    deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
+    ran = pruned = unfit_in_a_row = 0
+    while deadline is None or time.monotonic() < deadline:
+        with s.lock() as locked_:
+            ts = s.trials()
+            done = s.counted(ts)
+            if done + len(running_elsewhere(s.study, locked_)) >= req.trials:
+                break
+            trial = s.study.ask()
+            trial.set_user_attr("worker", WORKER)
+        started, t0 = now(), time.monotonic()
+        c = sample(trial, space)
+        prop = propose(req, c, s.learner)
+        same = s.repeat_of(trial.params, trial.number)
+        res = evaluate(req, trial, prop, same, should_stop_for(trial))
+        rec = build_record(
+            req,
+            s.label,
+            trial.number,
+            prop,
+            res,
+            origin=str(trial.user_attrs.get("origin", "")),
+            started_at=started,
+            duration_s=time.monotonic() - t0,
+        )
+        store_record(s.study, trial._trial_id, rec)
+        state = state_for(res.status)
+        value = res.value if state is optuna.trial.TrialState.COMPLETE else None
+        if state is optuna.trial.TrialState.COMPLETE and value is None:
+            state = optuna.trial.TrialState.FAIL
+        s.study.tell(trial, value, state=state)
+        ts = s.trials()
+        if res.status in NOT_COUNTED:
+            pruned += 1
+            if pruned % VIEW_EVERY_PRUNED == 0:
+                s.write_view(ts)
+            unfit_in_a_row = unfit_in_a_row + 1 if res.status is Status.PRUNED_OOM else 0
+            if unfit_in_a_row >= MAX_CONSECUTIVE_UNFIT:
+                notes.append(
+                    f"{unfit_in_a_row} candidates in a row were predicted not to fit a "
+                    f"{req.cluster.gpu.name} (last: {rec.reason}); stopped: use more GPUs, "
+                    "shorter sequences, a smaller batch, or a smaller --headroom-gib"
+                )
+                break
+            continue
+        s.write_view(ts)
+        unfit_in_a_row = 0
+        ran += 1
+        done = s.counted(ts)
+        if on_progress:
+            best = s.best()
+            on_progress(
+                Progress(
+                    done=done,
+                    total=req.trials,
+                    status=res.status.value,
+                    best_tokens_per_s_per_gpu=best[0] if best else None,
+                    best_layout=best[1] if best else "",
+                )
+            )
+    paths = write_best_recipes(req, s)
+    ts = s.trials()
+    s.write_view(ts)
+    done = s.counted(ts)
+    own = [r for r in s.records.values() if r.study == req.name]
+    measured = sum(r.measured_s or 0.0 for r in own)
+    launch = sum(r.launch_s or 0.0 for r in own)
+    total = sum(r.duration_s or 0.0 for r in own)
+    return StudySummary(
+        name=req.name,
+        csv_path=req.csv_path,
+        storage=req.storage_url,
+        trials_run=ran,
+        trials_total=done,
+        resumed_from=resumed_from,
+        best_rows=_ok_rows(s)[: max(req.recipes, 3)],
+        recipe_paths=paths,
+        pruned_before_launch=pruned,
+        measured_s=measured,
+        launch_s=launch,
+        other_s=max(0.0, total - measured - launch),
+        notes=tuple(notes),
+    )
+
+
+def _ok_rows(s: _Study) -> list[dict[str, str]]:
+    got = s.study.user_attrs.get(RECIPES_ATTR)
+    recipes_by_trial = got if isinstance(got, dict) else {}
+    rows = []
+    for r in s.records.values():
+        if r.status is Status.OK:
+            row = row_of(r.to_dict())
+            row["recipe"] = recipes_by_trial.get(row["trial"], row["recipe"])
+            rows.append(row)
+    return rank(rows, status="ok")
+
+
+def write_best_recipes(req: TuneRequest, s: _Study) -> list[Path]:
+    """Recipes for the best finished rows; their paths go into the study's `recipes` attr and
+    so into the rows' `recipe` column."""
+    paths: list[Path] = []
+    got = s.study.user_attrs.get(RECIPES_ATTR)
+    by_trial: dict[str, str] = dict(got) if isinstance(got, dict) else {}
+    for row in _ok_rows(s)[: req.recipes]:
+        c = Candidate.from_record(row, req.cluster.num_gpus)
+        recipe = recipes.render(
+            c, req.model, req.cluster, req.workload, origin=recipes.origin_of(req.csv_path, row)
+        )
+        path = recipes.write(
+            recipe, req.recipes_dir / recipes._slug(req.model.name), suffix=f"t{row['trial']}"
+        )
+        by_trial[row["trial"]] = str(path)
+        paths.append(path)
+    if by_trial != got:
+        s.study.set_user_attr(RECIPES_ATTR, by_trial)
+    return paths

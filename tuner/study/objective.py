@@ -1,0 +1,275 @@
+"""One trial: decide (invalid, predicted not to fit, a repeat, launch), run, and build its one
+TrialRecord."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import optuna
+
+from tuner.estimate import Estimate
+from tuner.results import Status, TrialRecord, TrialResult
+from tuner.runners.base import Predicted, TrialSpec
+from tuner.space import Candidate, SearchSpace, sample, validate
+from tuner.study.learn import StudyLearner
+from tuner.study.request import TuneRequest
+from tuner.study.storage import WORKER
+
+BACKENDS = {
+    "estimate": "estimate (cost model)",
+    "verl": "megatron+vllm",
+    "megatron": "megatron-core",
+}
+"""What ran, by runner, where the runner's result does not say."""
+NOT_COPIED = frozenset({Status.INTERRUPTED, Status.PRUNED_INVALID, Status.PRUNED_OOM})
+"""A repeated candidate is not relaunched; its earlier result is copied, unless it was one of
+these (nothing was measured)."""
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def assumed_versions() -> str:
+    """The software versions the cost model assumes (tuner.versions, when present)."""
+    with contextlib.suppress(ImportError):
+        mod = importlib.import_module("tuner.versions")
+        for name in ("assumed", "summary", "describe"):
+            fn = getattr(mod, name, None)
+            if callable(fn):
+                return str(fn())
+        for name in ("ASSUMED", "VERSIONS"):
+            v = getattr(mod, name, None)
+            if isinstance(v, dict):
+                return ";".join(f"{k}={x}" for k, x in v.items())
+            if v:
+                return str(v)
+    return ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Proposal:
+    """What the study knew when it proposed a candidate: the raw model and its corrections."""
+
+    candidate: Candidate
+    estimate: Estimate
+    predicted: Predicted
+    """The runner's view of the raw model."""
+    device_gib: float
+    """Predicted device total (raw; the PyTorch peak where the model has no device total)."""
+    corrected_device_gib: float
+    """After the study's memory guard."""
+    headroom_gib: float | None
+    time_scale: float
+    unfit: str
+    """Why it cannot run ('' if it can): the runner's model or the memory guard."""
+    timeout_s: float
+
+
+def propose(req: TuneRequest, c: Candidate, learner: StudyLearner) -> Proposal:
+    from tuner.estimate import estimate
+
+    e = estimate(c, req.model, req.cluster, req.workload, req.profile)
+    p = req.runner.predicted(e, req.cluster)
+    dev = p.device_gib or p.peak_gib
+    corrected, guard_unfit = learner.fit(dev)
+    unfit = p.unfit or guard_unfit
+    if unfit:
+        unfit = f"predicted {unfit} of a {req.cluster.gpu.name}"
+    steps = int(getattr(req.runner, "steps", 3) or 3)
+    per_step = (
+        e.tokens_per_step / (p.tokens_per_s_per_gpu * req.cluster.num_gpus)
+        if p.tokens_per_s_per_gpu > 0 and e.tokens_per_step > 0
+        else math.inf
+    )
+    return Proposal(
+        candidate=c,
+        estimate=e,
+        predicted=p,
+        device_gib=dev,
+        corrected_device_gib=corrected,
+        headroom_gib=learner.effective_headroom_gib,
+        time_scale=learner.time_scale,
+        unfit=unfit,
+        timeout_s=learner.timeout_s(steps * per_step, req.trial_timeout_s),
+    )
+
+
+def result_of_record(rec: TrialRecord, same_as: int) -> TrialResult:
+    """A repeat's result: the earlier trial's measures, saying it was not re-run."""
+    names = {f.name for f in fields(TrialResult)} & {f.name for f in fields(TrialRecord)}
+    kw: dict[str, Any] = {n: getattr(rec, n) for n in names}
+    kw["reason"] = f"same candidate as trial {same_as}; not re-run"
+    return TrialResult(**kw)
+
+
+def evaluate(
+    req: TuneRequest,
+    trial: optuna.Trial,
+    prop: Proposal,
+    same_as: TrialRecord | None,
+    should_stop: Any,
+) -> TrialResult:
+    """The trial's result: pruned before launch, copied from a repeat, or run. A runner that
+    raises gives a FAILED result (the study goes on)."""
+    c = prop.candidate
+    reasons = validate(c, req.model, req.cluster, req.workload)
+    if reasons:
+        return TrialResult(status=Status.PRUNED_INVALID, source="tuner", reason="; ".join(reasons))
+    if prop.unfit:
+        return TrialResult(status=Status.PRUNED_OOM, source="estimate", reason=prop.unfit)
+    if same_as is not None and req.runner.name != "estimate":
+        return result_of_record(same_as, same_as.trial)
+    spec = TrialSpec(
+        number=trial.number,
+        candidate=c,
+        model=req.model,
+        cluster=req.cluster,
+        workload=req.workload,
+        trial_dir=req.results_dir / req.name / "trials" / str(trial.number),
+        timeout_s=prop.timeout_s,
+        prediction=prop.estimate,
+        seed=req.seed,
+        should_stop=should_stop,
+    )
+    try:
+        return req.runner.run(spec)
+    except Exception as e:  # a runner bug must not lose the study; the row says what happened
+        return TrialResult(
+            status=Status.FAILED,
+            source=req.runner.name,
+            reason=f"runner error: {type(e).__name__}: {e}"[:300],
+        )
+
+
+def _float(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def base_record(req: TuneRequest, storage: str, number: int, **kw: Any) -> dict[str, Any]:
+    """The fields every record of this study shares: setup and workload."""
+    w, cl = req.workload, req.cluster
+    return dict(
+        study=req.name,
+        trial=number,
+        runner=req.runner.name,
+        model=req.model_arg,
+        gpu=cl.gpu.name,
+        num_gpus=cl.num_gpus,
+        gpus_per_node=cl.gpus_per_node,
+        workload=w.name,
+        algorithm=w.algorithm,
+        max_prompt_len=w.prompt_len,
+        max_response_len=w.response_len,
+        prompt_mean_len=w.mean_prompt_len,
+        response_mean_len=w.mean_response_len,
+        bs=w.batch_size,
+        mini_bs=w.mini_batch_size,
+        n=w.n,
+        storage=storage,
+        worker=WORKER,
+        **kw,
+    )
+
+
+def candidate_fields(c: Candidate) -> dict[str, Any]:
+    """The record's layout fields and knobs of a candidate."""
+    rec = c.to_record()
+    lay = {k: rec.pop(k) for k in ("train_parallel", "tp", "pp", "vpp", "cp", "ep", "etp", "dp")}
+    return {**lay, "infer_parallel": f"tp{c.rollout_tp}", "knobs": rec}
+
+
+def build_record(
+    req: TuneRequest,
+    storage: str,
+    number: int,
+    prop: Proposal,
+    res: TrialResult,
+    *,
+    origin: str,
+    started_at: str,
+    duration_s: float,
+) -> TrialRecord:
+    """The one record of a finished trial: setup, candidate, the prediction made when it was
+    proposed (raw and corrected), and the result."""
+    e, p = prop.estimate, prop.predicted
+    extra = dict(res.extra)
+    launch_s = res.launch_s if res.launch_s is not None else _float(extra.get("launch_s"))
+    return TrialRecord(
+        **base_record(req, storage, number),
+        **candidate_fields(prop.candidate),
+        status=res.status,
+        reason=res.reason,
+        source=res.source,
+        backend=res.backend or BACKENDS.get(req.runner.name, req.runner.name),
+        tokens_per_s_per_gpu=res.tokens_per_s_per_gpu,
+        step_s=res.step_s,
+        generation_s=res.generation_s,
+        old_log_prob_s=res.old_log_prob_s,
+        ref_s=res.ref_s,
+        update_actor_s=res.update_actor_s,
+        reshard_s=res.reshard_s,
+        mfu_pct=res.mfu_pct,
+        peak_mem_gib=res.peak_mem_gib,
+        peak_mem_reserved_gib=res.peak_mem_reserved_gib,
+        peak_mem_device_gib=res.peak_mem_device_gib,
+        launch_s=launch_s,
+        measured_s=res.measured_s,
+        pred_tokens_per_s_per_gpu=p.tokens_per_s_per_gpu,
+        pred_step_s=_float(e.step_s),
+        pred_generation_s=_float(e.generation_s),
+        pred_old_log_prob_s=_float(e.old_log_prob_s),
+        pred_ref_s=_float(e.ref_s),
+        pred_update_actor_s=_float(e.update_actor_s),
+        pred_peak_mem_gib=p.peak_gib,
+        pred_device_mem_gib=prop.device_gib,
+        pred_device_mem_corrected_gib=prop.corrected_device_gib,
+        pred_headroom_gib=prop.headroom_gib,
+        pred_time_scale=prop.time_scale,
+        pred_peak_phase=p.phase,
+        pred_fits=not prop.unfit,
+        pred_bottleneck=e.bottleneck,
+        pred_versions=assumed_versions(),
+        hardware=res.hardware,
+        versions=res.versions,
+        log_path=res.log_path,
+        extra=extra,
+        origin=origin,
+        started_at=started_at,
+        finished_at=now(),
+        duration_s=duration_s,
+    )
+
+
+def interrupted_record(
+    req: TuneRequest, storage: str, space: SearchSpace, t: optuna.trial.FrozenTrial
+) -> TrialRecord:
+    """The record of a trial whose worker was killed before it stored one."""
+    cand: dict[str, Any] = {}
+    with contextlib.suppress(Exception):  # params of an older space may not sample any more
+        cand = candidate_fields(sample(optuna.trial.FixedTrial(t.params), space))
+    worker = str(t.user_attrs.get("worker", ""))
+    base = base_record(req, storage, t.number)
+    base["worker"] = worker
+    return TrialRecord(
+        **base,
+        **cand,
+        status=Status.INTERRUPTED,
+        reason=f"its worker {worker or '(unknown)'} was killed mid-trial; not counted",
+        source="tuner",
+        backend=BACKENDS.get(req.runner.name, req.runner.name),
+        origin=str(t.user_attrs.get("origin", "")),
+        started_at=t.datetime_start.astimezone(dt.UTC).isoformat(timespec="seconds")
+        if t.datetime_start
+        else "",
+        finished_at=now(),
+    )

@@ -1,0 +1,114 @@
+"""What a study is asked to do (TuneRequest) and what it reports (Progress, StudySummary)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner import recipes
+from tuner.errors import UserError
+from tuner.estimate import Profile
+from tuner.hardware import Cluster
+from tuner.models import ModelSpec
+from tuner.runners.base import Runner
+from tuner.workload import Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneRequest:
+    """One `tune` invocation: the model, cluster, workload, runner and budget of a study."""
+
+    model: ModelSpec
+    model_arg: str
+    """What the user passed for --model (a registry name or a config.json path)."""
+    cluster: Cluster
+    workload: Workload
+    runner: Runner
+    trials: int = 50
+    """Trials the study should hold, over all workers on its storage (like Optuna's
+    MaxTrialsCallback). Candidates pruned before launch (invalid, predicted not to fit) and
+    trials interrupted by a kill do not count; a resumed study runs only the rest."""
+    timeout_s: float | None = None
+    """Wall-clock budget of this invocation."""
+    trial_timeout_s: float = 1800.0
+    """Cap of one trial's time limit; the limit itself comes from the study's launch costs and
+    the predicted time of the measured steps."""
+    headroom_gib: float | None = None
+    """Device memory kept free when deciding whether a candidate fits; None: the memory
+    guard's learned default."""
+    storage: str = ""
+    study_name: str = ""
+    results_dir: Path = Path("results")
+    recipes_dir: Path = Path("recipes")
+    recipes: int = 3
+    """Recipe scripts written for the best finished rows."""
+    seed: int = 0
+    warm_start: bool = True
+    profile: Profile = field(default_factory=Profile)
+
+    def __post_init__(self) -> None:
+        if self.trials <= 0:
+            raise UserError(f"--trials must be positive, got {self.trials}")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise UserError(f"--timeout must be positive, got {self.timeout_s}")
+        if self.headroom_gib is not None and self.headroom_gib < 0:
+            raise UserError(f"--headroom must be 0 or more GiB, got {self.headroom_gib}")
+
+    @property
+    def name(self) -> str:
+        return self.study_name or default_study_name(
+            self.model, self.cluster, self.workload, self.runner.name
+        )
+
+    @property
+    def csv_path(self) -> Path:
+        return self.results_dir / f"{self.name}.csv"
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or f"sqlite:///{self.results_dir / 'studies.sqlite3'}"
+
+
+def default_study_name(m: ModelSpec, cl: Cluster, w: Workload, runner: str) -> str:
+    wl = "" if w.name == "dapo-math" else f"-{w.name}"
+    return f"{recipes._slug(m.name)}-{cl.label}{wl}-{runner}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Progress:
+    """Reported after each trial this worker finishes."""
+
+    done: int
+    """Trials of the study that count against --trials, all workers."""
+    total: int
+    status: str
+    best_tokens_per_s_per_gpu: float | None
+    best_layout: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StudySummary:
+    """What one invocation did, and where the study stands."""
+
+    name: str
+    csv_path: Path
+    storage: str
+    trials_run: int
+    """Counted trials this invocation ran."""
+    trials_total: int
+    """Counted trials the study holds now (all workers)."""
+    resumed_from: int
+    """Counted trials the study held when this invocation started."""
+    best_rows: list[dict[str, str]]
+    recipe_paths: list[Path]
+    pruned_before_launch: int = 0
+    """Candidates this invocation pruned before launch (invalid or predicted not to fit)."""
+    measured_s: float = 0.0
+    """Wall time of the study's trials spent in measured steps (sum of `measured_s`)."""
+    launch_s: float = 0.0
+    """Wall time of the study's trials from launch to the first measured step (sum of
+    `launch_s`: start-up, model build, warm-up)."""
+    other_s: float = 0.0
+    """The rest of the trials' wall time (sum of `duration_s` less the two above)."""
+    notes: tuple[str, ...] = ()
+    """Lines for stderr: a damaged leaderboard set aside, a space where nothing fits, ..."""

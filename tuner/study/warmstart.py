@@ -1,0 +1,91 @@
+"""The warm start: the estimator's best candidates and the reference layouts, enqueued once
+per study, the predicted-best first."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import optuna
+
+from tuner.estimate import Profile, estimate
+from tuner.references import reference_candidates
+from tuner.runners.base import Runner
+from tuner.runners.estimate import EstimateRunner
+from tuner.space import RandomSuggester, SearchSpace, params_for, sample, validate
+
+WARM_START_POOL = 2000
+"""Random candidates the estimator ranks before a new study starts."""
+WARM_START_BEST = 3
+"""How many of the estimator's best are tried first."""
+WARM_START_ATTR = "warm_start_enqueued"
+"""Study user attr set once the warm start is enqueued (under the study lock)."""
+
+
+def warm_start_params(
+    space: SearchSpace,
+    profile: Profile,
+    seed: int,
+    runner: Runner | None = None,
+    pool: int = WARM_START_POOL,
+    best: int = WARM_START_BEST,
+) -> list[tuple[dict[str, Any], str]]:
+    """(sampler params, origin) pairs in launch order: the estimator's best of a random pool
+    and the reference layouts valid here (scaled to this GPU count where the reference used
+    more), each ordered by predicted throughput, interleaved with the predicted best first:
+    best, reference, 2nd best, reference, ... A slow (e.g. offloaded) reference layout thus
+    never goes first; each candidate appears once."""
+    m, cl, w = space.model, space.cluster, space.workload
+    runner = runner or EstimateRunner()
+    refs: list[tuple[float, dict[str, Any], str]] = []
+    for c, origin in reference_candidates(m, cl, w):
+        if c.layout.notation not in space.layouts or validate(c, m, cl, w):
+            continue
+        p = runner.predicted(estimate(c, m, cl, w, profile), cl)
+        if not p.unfit:
+            refs.append((p.tokens_per_s_per_gpu, params_for(c, space), origin))
+    rng = random.Random(seed)
+    scored: list[tuple[float, dict[str, Any], str]] = []
+    for _ in range(pool):
+        s = RandomSuggester(rng)
+        c = sample(s, space)
+        p = runner.predicted(estimate(c, m, cl, w, profile), cl)
+        if not p.unfit:
+            scored.append((p.tokens_per_s_per_gpu, s.params, "estimator"))
+    refs.sort(key=lambda x: -x[0])
+    scored.sort(key=lambda x: -x[0])
+    out: list[tuple[dict[str, Any], str]] = []
+    seen: set[tuple[Any, ...]] = set()
+
+    def add(params: dict[str, Any], origin: str) -> bool:
+        key = tuple(sorted(params.items()))
+        if key in seen:
+            return False
+        seen.add(key)
+        out.append((params, origin))
+        return True
+
+    ests = iter(scored)
+    n_est = 0
+    for i in range(max(best, len(refs))):
+        while n_est < best:
+            nxt = next(ests, None)
+            if nxt is None:
+                break
+            if add(nxt[1], nxt[2]):
+                n_est += 1
+                break
+        if i < len(refs):
+            add(refs[i][1], refs[i][2])
+    return out
+
+
+def enqueue_warm_start(study: optuna.Study, params: list[tuple[dict[str, Any], str]]) -> bool:
+    """Enqueue the warm start unless this study has it already; call under the study lock.
+    Returns whether it enqueued."""
+    if study.user_attrs.get(WARM_START_ATTR):
+        return False
+    for p, origin in params:
+        study.enqueue_trial(p, user_attrs={"origin": origin}, skip_if_exists=True)
+    study.set_user_attr(WARM_START_ATTR, len(params))
+    return True
