@@ -90,7 +90,9 @@ def test_qk_layernorm_only_where_the_model_has_it(tmp_path: Path) -> None:
         "num_key_value_heads": 2,
         "vocab_size": 100,
     }
-    assert not get_model(str(_write(_mk(tmp_path / "a"), {**base, "model_type": "qwen2"}))).qk_layernorm
+    assert not get_model(
+        str(_write(_mk(tmp_path / "a"), {**base, "model_type": "qwen2"}))
+    ).qk_layernorm
     assert get_model(str(_write(_mk(tmp_path / "b"), {**base, "model_type": "qwen3"}))).qk_layernorm
     assert REGISTRY["qwen3-8b"].qk_layernorm and not REGISTRY["llama3.1-8b"].qk_layernorm
 
@@ -103,7 +105,9 @@ def test_one_flops_formula() -> None:
     from tuner.workload import get_workload
 
     m = REGISTRY["qwen3-30b-moe"]
-    ctx = get_context(m, Cluster(gpu=get_gpu("h100"), num_gpus=8), get_workload("dapo-math"), Profile())
+    ctx = get_context(
+        m, Cluster(gpu=get_gpu("h100"), num_gpus=8), get_workload("dapo-math"), Profile()
+    )
     assert ctx.forward_flops_per_token() == m.forward_flops(1.0, ctx.seq_eff)
     assert m.training_flops([10, 20]) == 3 * m.forward_flops(30, 500)
 

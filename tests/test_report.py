@@ -81,6 +81,9 @@ def test_report_of_a_measured_leaderboard(
     assert _attr(sec["answer"], "data-ratio") == pytest.approx(ratio, rel=1e-3)
     answer = _text(sec["answer"])
     assert f"tune export {csv_path} --rank 1" in answer
+    from tuner.export import choose_row
+
+    assert choose_row(raw, csv_path, rank=1)["trial"] == best["trial"]  # the command's row
     counts = {s: sum(r["status"] == s for r in raw) for s in {r["status"] for r in raw}}
     for status, n in counts.items():
         assert f"{n} {status}" in answer
@@ -184,9 +187,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def test_report_opens_offline_in_a_real_browser(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="playwright missing: pip install -e '.[dev]'"
-    )
+    from playwright import sync_api  # the dev extra; drives the system chromium
+
     page_path = tmp_path / "moe.html"
     _report(MOE, page_path, capsys)
     shot = tmp_path / "report.png"
@@ -218,7 +220,9 @@ def test_report_opens_offline_in_a_real_browser(
                             e.tagName === 'IMG' ? (e.complete ? e.naturalWidth : 0) : 1];
                 })""",
             )
-            headings = page.eval_on_selector_all("section h2", "els => els.map(e => e.id || e.textContent)")
+            headings = page.eval_on_selector_all(
+                "section h2", "els => els.map(e => e.id || e.textContent)"
+            )
             page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()

@@ -280,3 +280,128 @@ def test_limited_moe_space_leaves_out_what_needs_sequence_parallel() -> None:
     assert all(lay.cp == 1 for lay in space.layouts.values())
     assert all(lay.tp == 1 for lay in space.layouts.values())  # MoE with tp > 1 needs SP
     assert space.fingerprint() != full.fingerprint()
+
+
+# --- one test per validity rule, by name (megatron-core 0.19 / vLLM / verl 0.9.1) ------------
+
+_BASE = dict(ppo_max_token_len_per_gpu=10240, log_prob_max_token_len_per_gpu=10240)
+
+
+def _broken(model: str, gpus: int, **kw: Any) -> set[str]:
+    from tuner.space import broken_rules
+
+    sp = _space(model, gpus)
+    w = kw.pop("_workload", sp.workload)
+    sp = SearchSpace(model=sp.model, cluster=sp.cluster, workload=w)
+    lay = kw.pop("layout", ParallelLayout(world=gpus))
+    c = Candidate(layout=lay, **{**_BASE, **kw})
+    return {n for n, _ in broken_rules(c, sp.model, sp.cluster, sp.workload)}
+
+
+RULE_CASES: dict[str, tuple[str, int, dict[str, Any]]] = {
+    "world": ("qwen2.5-7b", 8, dict(layout=ParallelLayout(world=16))),
+    "tp_heads": (
+        "qwen2.5-7b",
+        8,
+        dict(layout=ParallelLayout(world=8, tp=8), sequence_parallel=True),
+    ),
+    "tp_kv_heads": ("qwen3-8b", 24, dict(layout=ParallelLayout(world=24, tp=3))),
+    "vpp_needs_pp": ("qwen2.5-7b", 8, dict(layout=ParallelLayout(world=8, vpp=2))),
+    "pipeline_split": (
+        "qwen3-235b-moe",
+        64,
+        dict(
+            layout=ParallelLayout(world=64, pp=8, ep=8, first_stage_layers=10, last_stage_layers=10)
+        ),
+    ),
+    "dense_no_ep": ("qwen2.5-7b", 8, dict(layout=ParallelLayout(world=8, ep=2))),
+    "ep_experts": ("qwen3-30b-moe", 24, dict(layout=ParallelLayout(world=24, ep=3))),
+    "cp_seq": (
+        "qwen2.5-7b",
+        8,
+        dict(
+            layout=ParallelLayout(world=8, cp=8),
+            _workload=Workload(prompt_len=2040, response_len=8192),
+            ppo_max_token_len_per_gpu=20480,
+            log_prob_max_token_len_per_gpu=20480,
+        ),
+    ),
+    "mini_batch_dp": ("qwen2.5-7b", 24, dict()),
+    "sp_needs_tp": ("qwen2.5-7b", 8, dict(sequence_parallel=True)),
+    "moe_tp_needs_sp": ("qwen3-30b-moe", 16, dict(layout=ParallelLayout(world=16, tp=2, ep=8))),
+    "recompute_granularity": ("qwen2.5-7b", 8, dict(recompute_granularity="some")),
+    "recompute_method": ("qwen2.5-7b", 8, dict(recompute_method="random")),
+    "recompute_num_layers": (
+        "qwen2.5-7b",
+        8,
+        dict(recompute_granularity="full", recompute_num_layers=29),
+    ),
+    "recompute_modules": (
+        "qwen3-30b-moe",
+        16,
+        dict(
+            recompute_granularity="selective", recompute_modules="moe_act", moe_grouped_gemm=False
+        ),
+    ),
+    "attention_backend": ("qwen2.5-7b", 8, dict(attention_backend="sdpa")),
+    "moe_token_dispatcher_type": ("qwen3-30b-moe", 16, dict(moe_token_dispatcher_type="deepep")),
+    "token_budget": ("qwen2.5-7b", 8, dict(ppo_max_token_len_per_gpu=4096)),
+    "micro_batch": ("qwen2.5-7b", 8, dict(use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=3)),
+    "rollout_tp": ("qwen2.5-7b", 8, dict(rollout_tp=3)),
+    "rollout_dp": ("qwen3-30b-moe", 16, dict(rollout_tp=16, rollout_dp=2)),
+    "rollout_ep": ("qwen3-30b-moe", 16, dict(rollout_tp=2, rollout_ep=8)),
+    "gpu_memory_utilization": ("qwen2.5-7b", 8, dict(gpu_memory_utilization=0.99)),
+    "max_num_batched_tokens": ("qwen2.5-7b", 8, dict(max_num_batched_tokens=100)),
+    "max_num_seqs": ("qwen2.5-7b", 8, dict(max_num_seqs=0)),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULE_CASES))
+def test_each_rule_names_itself(rule: str) -> None:
+    model, gpus, kw = RULE_CASES[rule]
+    assert rule in _broken(model, gpus, **dict(kw))
+
+
+def test_every_rule_has_a_case() -> None:
+    from tuner.space import RULES
+
+    assert {r.name for r in RULES} == set(RULE_CASES)
+
+
+def test_layouts_real_recipes_use_are_valid() -> None:
+    """Issue 10: 94 layers on pp8 with uneven first/last stages, rollout TP 16 on 8-GPU nodes,
+    TP above the kv heads: megatron-core and vLLM run them, so the space accepts them."""
+    from tuner.space import balanced_split
+
+    uneven = ParallelLayout(world=64, pp=8, ep=8, first_stage_layers=11, last_stage_layers=11)
+    assert not _broken("qwen3-235b-moe", 64, layout=uneven)
+    assert uneven.stage_layers(94) == [11, 12, 12, 12, 12, 12, 12, 11]
+    assert balanced_split(94, 8) is not None and balanced_split(96, 8) is None
+    assert "pp8ep8" in _space("qwen3-235b-moe", 64).layouts
+    assert not _broken("qwen3-30b-moe", 16, rollout_tp=16)  # vLLM TP across two nodes
+    assert 16 in _space("qwen3-30b-moe", 16).rollout_tps
+    lay = ParallelLayout(world=8, tp=8)
+    assert not _broken("qwen3-8b", 8, layout=lay, sequence_parallel=True)  # 8 kv heads... tp 8
+    assert not _broken("qwen3-30b-moe", 8, layout=lay, sequence_parallel=True)  # tp8 > 4 kv heads
+
+
+def test_refused_layout_is_one_user_error_line_naming_the_rule() -> None:
+    from tuner.space import check_candidate
+
+    sp = _space("qwen3-235b-moe", 64)
+    lay = ParallelLayout.parse("pp8ep8first10last10", 64)
+    with pytest.raises(UserError, match=r"\[pipeline_split\]") as e:
+        check_candidate(Candidate(layout=lay, **_BASE), sp.model, sp.cluster, sp.workload)
+    assert "\n" not in str(e.value)
+
+
+def test_old_csv_with_grad_offload_still_reads() -> None:
+    rec = {
+        k: str(v) for k, v in Candidate(layout=ParallelLayout(world=8, tp=2)).to_record().items()
+    }
+    rec["grad_offload"] = "True"  # a schema-1 column verl 0.9.1 has no key for
+    for k in ("max_num_seqs", "first_stage_layers", "apply_rope_fusion"):
+        rec.pop(k)  # columns older files lack take the defaults
+    c = Candidate.from_record(rec, 8)
+    assert c == Candidate(layout=ParallelLayout(world=8, tp=2))
+    assert not hasattr(c, "grad_offload")

@@ -263,7 +263,10 @@ def test_repeated_candidates_are_not_relaunched(workdir: Path) -> None:
     runner = _CountingRunner()
     req = _request(workdir, runner=runner, trials=3, warm_start=False)
     space = SearchSpace(
-        model=req.model, cluster=req.cluster, workload=req.workload, limits=runner.space_limits(req.model)
+        model=req.model,
+        cluster=req.cluster,
+        workload=req.workload,
+        limits=runner.space_limits(req.model),
     )
     params, _ = warm_start_params(space, req.profile, seed=0, runner=runner, pool=50)[0]
     study = optuna.create_study(

@@ -374,7 +374,9 @@ def test_every_value_of_every_knob_composes_and_reads_back(
                 ref = OmegaConf.to_container(ref) if OmegaConf.is_config(ref) else ref
                 assert ref == got, key
         seen.add(name)
-    assert seen == {k for k in KNOB_BY_NAME if k not in ("layout", "tp", "pp", "vpp", "cp", "ep", "etp")}
+    assert seen == {
+        k for k in KNOB_BY_NAME if k not in ("layout", "tp", "pp", "vpp", "cp", "ep", "etp")
+    }
 
 
 def test_max_num_seqs_is_always_written_and_verls_default_is_256(

@@ -216,7 +216,7 @@ def draw_phases(ax: Axes, table: pd.DataFrame) -> None:
     ax.set_xlabel("seconds per step")
     ax.set_title("time per phase (hatched: predicted)")
     ax.tick_params(axis="y", labelsize=8)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def draw_failures(ax: Axes, counts: pd.Series) -> None:
@@ -274,7 +274,8 @@ def plot_leaderboard(df: pd.DataFrame, out: Path, title: str = "") -> Path:
     if ok.empty:
         raise UserError("no ok rows to plot: see `tune show` for why trials failed")
     estimates = bool((ok["source"] == "estimate").all())
-    fig, axes = new_figure(16, 4.8, ncols=3)
+    fig, grid = new_figure(16, 4.8, ncols=3)
+    axes = grid[0]
     draw_progress(axes[0], df, estimates=estimates)
     draw_best_by_layout(axes[1], ok)
     ax = axes[2]

@@ -87,7 +87,8 @@ def render(
         f"{w.batch_size} prompts x {w.n}, mini batch {w.mini_batch_size}",
         f"# workload lengths: mean prompt {w.mean_prompt_len:.0f} tokens, mean response "
         f"{w.mean_response_len:.0f} tokens, clip fraction {w.clip_fraction:g} "
-        f"(tune --prompt-mean {round(w.mean_prompt_len)} --response-mean {round(w.mean_response_len)})",
+        f"(tune --prompt-mean {round(w.mean_prompt_len)} "
+        f"--response-mean {round(w.mean_response_len)})",
         f"# assumes {versions.summary()}",
     ]
     if origin:

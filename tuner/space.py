@@ -866,7 +866,9 @@ def _nlayers_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
 def _modules_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
     if d["recompute_granularity"] != "selective":
         return None
-    sets = RECOMPUTE_MODULE_SETS_MOE if s.model.is_moe else RECOMPUTE_MODULE_SETS_DENSE
+    sets: tuple[str, ...] = (
+        RECOMPUTE_MODULE_SETS_MOE if s.model.is_moe else RECOMPUTE_MODULE_SETS_DENSE
+    )
     if s.model.is_moe and not d.get("moe_grouped_gemm", True):
         sets = tuple(x for x in sets if "moe_act" not in x)
     return list(sets)

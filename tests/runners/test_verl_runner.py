@@ -111,13 +111,6 @@ def test_a_hang_ends_as_timeout_and_the_process_is_gone(tmp_path: Path) -> None:
         os.kill(pid, 0)
 
 
-def test_grad_offload_without_param_offload_is_not_run(tmp_path: Path) -> None:
-    res = runner("ok").run(spec_for(tmp_path, grad_offload=True))
-    assert res.status is Status.PRUNED_INVALID
-    assert "param_offload" in res.reason
-    assert not (tmp_path / "results").exists()
-
-
 def test_users_dataset_and_reward(tmp_path: Path) -> None:
     train = tmp_path / "mine" / "train.parquet"
     train.parent.mkdir()

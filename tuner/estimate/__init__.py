@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.estimate.context import get_context
+from tuner.estimate.memfit import DEFAULT_HEADROOM_GIB, device_unfit
 from tuner.estimate.memory import MemoryBreakdown, memory_of
 from tuner.estimate.profile import Profile, load_profile, save_profile
 from tuner.estimate.time import phase_times_of
@@ -57,6 +58,17 @@ class Estimate:
     """Tokens (prompt + response, unpadded) the step trains on, all GPUs."""
     fit_reason: str = ""
     """Why it does not fit (empty when it does)."""
+    device_peak_gib: float = 0.0
+    """Predicted device total at the peak (what an OOM is decided on): PyTorch's allocated
+    peak + the allocator's slack + CUDA context + NCCL buffers (tuner.estimate.memfit)."""
+    device_peak_phase: str = ""
+    """The phase whose device total is the largest."""
+    slack_gib: float = 0.0
+    """Caching-allocator slack (reserved - allocated) inside device_peak_gib."""
+    outside_gib: float = 0.0
+    """Outside PyTorch inside device_peak_gib: CUDA context and NCCL buffers."""
+    headroom_gib: float = 0.0
+    """Kept free below the capacity when `fits` was decided (device + headroom <= capacity)."""
 
     def as_dict(self) -> dict[str, object]:
         d = {k: getattr(self, k) for k in self.__slots__ if k != "memory"}  # type: ignore[attr-defined]
@@ -66,9 +78,17 @@ class Estimate:
 
 
 def estimate(
-    c: Candidate, m: ModelSpec, cl: Cluster, w: Workload, profile: Profile | None = None
+    c: Candidate,
+    m: ModelSpec,
+    cl: Cluster,
+    w: Workload,
+    profile: Profile | None = None,
+    *,
+    headroom_gib: float | None = None,
 ) -> Estimate:
-    """Predicted phase times, throughput, MFU and per-phase peak memory of candidate `c`."""
+    """Predicted phase times, throughput, MFU and per-phase peak memory of candidate `c`; it fits
+    when its device total plus `headroom_gib` (default memfit.DEFAULT_HEADROOM_GIB) is at most
+    the GPU's memory and vLLM has room for one sequence."""
     ctx = get_context(m, cl, w, profile or _DEFAULT_PROFILE)
     t = phase_times_of(ctx, c)
     mem = memory_of(ctx, c, t.n_micro_update)
@@ -76,10 +96,11 @@ def estimate(
     gpus = cl.num_gpus
     peak = mem.peak_gib
     capacity = cl.gpu.memory_gib
-    reason = ""
-    if peak > capacity:
-        reason = f"peak {peak:.1f} GiB in {mem.peak_phase} > {capacity:.1f} GiB"
-    elif step == float("inf"):
+    headroom = DEFAULT_HEADROOM_GIB if headroom_gib is None else headroom_gib
+    device = mem.device_peak_gib
+    phase = mem.device_peak_phase
+    reason = device_unfit(device, capacity, headroom, phase)
+    if not reason and step == float("inf"):
         reason = (
             f"vLLM has {max(0.0, mem.kv_cache_gib):.1f} GiB for KV cache, less than one "
             f"{w.max_seq_len}-token sequence: raise gpu_memory_utilization or rollout TP"
@@ -104,4 +125,15 @@ def estimate(
         offload_s=t.offload_s,
         tokens_per_step=ctx.tokens_step,
         fit_reason=reason,
+        device_peak_gib=device,
+        device_peak_phase=phase,
+        slack_gib=_slack_of(mem, phase),
+        outside_gib=mem.overhead_gib,
+        headroom_gib=headroom,
     )
+
+
+def _slack_of(mem: MemoryBreakdown, phase: str) -> float:
+    if phase == "update_actor":
+        return mem.slack_gib
+    return mem.log_prob_slack_gib if phase == "old_log_prob" else 0.0

@@ -18,6 +18,12 @@ from tuner.estimate.context import (
     Context,
     get_context,
 )
+from tuner.estimate.memfit import (
+    CUDA_CONTEXT_GIB,
+    WORKSPACE_GIB,
+    nccl_gib,
+    slack_gib,
+)
 from tuner.estimate.profile import Profile
 from tuner.hardware import GIB, Cluster
 from tuner.models import ModelSpec
@@ -30,6 +36,15 @@ LOGIT_BYTES_UPDATE = BF16 + 2 * FP32
 """Per logit without fused kernels in the update: bf16 logits, fp32 log-softmax and its grad."""
 LOGIT_BYTES_LOG_PROB = BF16 + FP32
 """Per logit without fused kernels in a log-prob pass: bf16 logits and the fp32 log-softmax."""
+ADAM_STEP_TEMP_BYTES = FP32
+"""Per parameter of the largest optimizer shard, the temporary of the optimizer step: without
+transformer-engine or apex, megatron-core 0.19 falls back to torch.optim.Adam(W)
+(optimizer/__init__.py), whose foreach path materialises sqrt(v) over the whole shard in fp32;
+a chained optimizer (dense + experts) steps one shard at a time. TE/apex FusedAdam update in
+place; the model keeps the temporary anyway (it decides fitting: conservative there). It sets
+the update's peak when activations are small (full recompute, a large DP shard): the dense
+full-recompute row of results/dense-h200-x2.csv measured 78.3 GiB, its states 63.9 GiB plus
+this 14.2 GiB."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,16 +64,40 @@ class MemoryBreakdown:
     rollout_gib: float
     """vLLM's share: gpu_memory_utilization of the GPU."""
     overhead_gib: float
-    """CUDA context, communicator buffers, framework state."""
+    """Outside PyTorch: the CUDA context and the NCCL buffers (cuda_context_gib + nccl_gib)."""
     generation_peak_gib: float
+    """What the model's tensors hold in generation: vLLM's whole share plus the actor's (and
+    reference's) states left on the GPU, and the workspaces (PyTorch's allocated peak there)."""
     log_prob_peak_gib: float
+    """PyTorch's allocated peak of the log-prob passes."""
     update_peak_gib: float
+    """PyTorch's allocated peak of the actor update."""
     kv_cache_gib: float = 0.0
     """What vLLM has left for KV cache per GPU after its weights and activations."""
     dispatch_gib: float = 0.0
     """MoE all-to-all buffers of one layer (transient)."""
     reference_gib: float = 0.0
     """Reference-model weights left on the GPU (GRPO/PPO without param offload)."""
+    workspace_gib: float = 0.0
+    """cuBLAS / cuBLASLt / transformer-engine workspaces (inside the allocated peaks)."""
+    cuda_context_gib: float = 0.0
+    """CUDA context and loaded kernels of the process (outside PyTorch)."""
+    nccl_gib: float = 0.0
+    """Buffers of the NCCL communicators the rank uses (outside PyTorch; memfit.nccl_gib)."""
+    update_transient_gib: float = 0.0
+    """The update's short-lived tensors at its peak: the micro-batches' activations, logits and
+    dispatch buffers, or the optimizer step's temporary, whichever is larger."""
+    slack_gib: float = 0.0
+    """Caching-allocator slack (reserved - allocated) at the update's peak."""
+    log_prob_slack_gib: float = 0.0
+    """The same in the log-prob passes."""
+    generation_device_gib: float = 0.0
+    """Device total in generation: its allocated peak + context + NCCL (verl empties the
+    allocator's cache before the rollout, so no slack)."""
+    log_prob_device_gib: float = 0.0
+    """Device total of the log-prob passes: allocated + slack + context + NCCL."""
+    update_device_gib: float = 0.0
+    """Device total of the update: allocated + slack + context + NCCL."""
 
     @property
     def peak_gib(self) -> float:
@@ -66,10 +105,24 @@ class MemoryBreakdown:
 
     @property
     def peak_phase(self) -> str:
-        g, lp, u = self.generation_peak_gib, self.log_prob_peak_gib, self.update_peak_gib
-        if g >= lp and g >= u:
-            return "generation"
-        return "old_log_prob" if lp >= u else "update_actor"
+        return _largest(self.generation_peak_gib, self.log_prob_peak_gib, self.update_peak_gib)
+
+    @property
+    def device_peak_gib(self) -> float:
+        """The largest phase's device total: what an OOM is decided on."""
+        return max(self.generation_device_gib, self.log_prob_device_gib, self.update_device_gib)
+
+    @property
+    def device_peak_phase(self) -> str:
+        return _largest(
+            self.generation_device_gib, self.log_prob_device_gib, self.update_device_gib
+        )
+
+
+def _largest(g: float, lp: float, u: float) -> str:
+    if g >= lp and g >= u:
+        return "generation"
+    return "old_log_prob" if lp >= u else "update_actor"
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,12 +187,37 @@ def micro_batch_tokens(c: Candidate, w: Workload, log_prob: bool = False) -> flo
 
 
 def _peak_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
-    """Tokens per GPU of the largest micro-batch a step is expected to see: the token budget
-    with dynamic batching; else the samples per micro-batch at the step's longest sample."""
-    if c.use_dynamic_bsz:
-        return micro_batch_tokens(c, ctx.workload, log_prob)
-    mbs = c.log_prob_micro_batch_size_per_gpu if log_prob else c.ppo_micro_batch_size_per_gpu
-    return mbs * ctx.longest_sample / c.layout.cp
+    """Tokens per GPU of the largest micro-batch a step is expected to see.
+
+    Without dynamic batching: the samples per micro-batch at the step's longest sample. With it,
+    verl (`rearrange_micro_batches`) cuts each DP rank's share of a mini-batch (of the whole batch
+    in a log-prob pass) into ceil(tokens / budget) micro-batches balanced by tokens (rounded up
+    to a multiple of pp under interleaving), so a micro-batch holds the share over that count,
+    plus about one sample of imbalance: never more than the budget, and less where the share is
+    smaller than the budget (the rows with a large budget were over-predicted when the model
+    took the budget itself; results/README.md). The share is the largest of the step's
+    mini-batches on any rank: mean + z sd over the samples, z for the maximum of that many draws
+    (at least 1)."""
+    lay = c.layout
+    if not c.use_dynamic_bsz:
+        mbs = c.log_prob_micro_batch_size_per_gpu if log_prob else c.ppo_micro_batch_size_per_gpu
+        return mbs * ctx.longest_sample / lay.cp
+    budget = max(1, c.log_prob_max_token_len_per_gpu if log_prob else c.ppo_max_token_len_per_gpu)
+    cap = float(max(budget, math.ceil(ctx.workload.max_seq_len / lay.cp)))
+    groups = 1 if log_prob else max(1, ctx.minis)
+    samples = ctx.samples / (lay.dp * groups)
+    draws = groups * lay.dp
+    z = max(1.0, math.sqrt(2 * math.log(draws)) if draws > 1 else 0.0)
+    share = samples * ctx.seq_mean + z * math.sqrt(samples) * ctx.seq_sd
+    if lay.dp > 1:
+        share += ctx.seq_mean  # balancing over DP ranks leaves about one sample of difference
+    n = max(1, math.ceil(share / (budget * lay.cp)))
+    if not log_prob and lay.vpp > 1 and n % lay.pp:
+        n += lay.pp - n % lay.pp
+    per = share / (n * lay.cp)
+    if n > 1:
+        per += ctx.seq_mean / lay.cp
+    return min(cap, max(per, ctx.longest_sample / lay.cp))
 
 
 def in_flight_micro_batches(lay: ParallelLayout, n_micro: float) -> float:
@@ -208,7 +286,6 @@ def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> Memory
     """The per-phase peaks of candidate `c` (n_micro_update: micro-batches per mini-batch, for
     how many are in flight under pipeline parallelism; 0 means 'at least pp')."""
     lay = c.layout
-    p = ctx.profile
     dense, expert = params_local(ctx, lay)
     n_local = dense + expert
     weights = n_local * BF16
@@ -236,8 +313,7 @@ def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> Memory
     else:
         dispatch_upd = dispatch_lp = 0.0
 
-    frag = 1 + p.fragmentation
-    ctx_b = p.context_gib * GIB
+    ws = WORKSPACE_GIB * GIB
     ref_w = weights if (ctx.uses_ref and not c.param_offload) else 0.0
     resident = (
         (0.0 if c.param_offload else weights)
@@ -246,16 +322,24 @@ def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> Memory
     )
     critic = resident if ctx.has_critic else 0.0  # the critic shares the actor's layout
     rollout = c.gpu_memory_utilization * ctx.mem_bytes
-    gen_peak = rollout + resident + critic + ref_w + ctx_b
+    gen_peak = rollout + resident + critic + ref_w + ws
     states_lp = (
         weights + (0.0 if c.param_offload else grads) + (0.0 if c.optimizer_offload else optim)
     )
-    lp_peak = states_lp + critic + ref_w + (lp_acts + logits_lp + dispatch_lp) * frag + ctx_b
-    upd_peak = (
-        weights + grads + optim + critic + ref_w + (acts + logits_upd + dispatch_upd) * frag + ctx_b
-    )
+    lp_transient = lp_acts + logits_lp + dispatch_lp
+    lp_peak = states_lp + critic + ref_w + lp_transient + ws
+    # the optimizer step runs after the micro-batches' transients are freed; its own transient
+    # is the largest shard's Adam temporary (memory: ADAM_STEP_TEMP_BYTES)
+    step_temp = ADAM_STEP_TEMP_BYTES * max(dense / (lay.dp * lay.cp), expert / edp)
+    upd_transient = max(acts + logits_upd + dispatch_upd, step_temp)
+    upd_peak = weights + grads + optim + critic + ref_w + upd_transient + ws
     kv = kv_cache_bytes(ctx, c)
     g = GIB
+    cuda_ctx = CUDA_CONTEXT_GIB
+    nccl = _nccl_of(ctx, lay)
+    outside = cuda_ctx + nccl
+    slack_lp = slack_gib(lp_transient / g)
+    slack_upd = slack_gib(upd_transient / g)
     return MemoryBreakdown(
         weights_gib=weights / g,
         grads_gib=grads / g,
@@ -263,14 +347,34 @@ def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> Memory
         activations_gib=acts / g,
         logits_gib=max(logits_upd, logits_lp) / g,
         rollout_gib=rollout / g,
-        overhead_gib=ctx_b / g,
+        overhead_gib=outside,
         generation_peak_gib=gen_peak / g,
         log_prob_peak_gib=lp_peak / g,
         update_peak_gib=upd_peak / g,
         kv_cache_gib=kv / g,
         dispatch_gib=dispatch_upd / g,
         reference_gib=ref_w / g,
+        workspace_gib=WORKSPACE_GIB,
+        cuda_context_gib=cuda_ctx,
+        nccl_gib=nccl,
+        update_transient_gib=upd_transient / g,
+        slack_gib=slack_upd,
+        log_prob_slack_gib=slack_lp,
+        generation_device_gib=gen_peak / g + outside,
+        log_prob_device_gib=lp_peak / g + slack_lp + outside,
+        update_device_gib=upd_peak / g + slack_upd + outside,
     )
+
+
+def _nccl_of(ctx: Context, lay: ParallelLayout) -> float:
+    """NCCL buffers of this layout (cached per layout in the context)."""
+    key = ("nccl", lay)
+    v = ctx.layout_cache.get(key)
+    if v is None:
+        v = ctx.layout_cache[key] = nccl_gib(
+            lay, ctx.cluster, moe=ctx.is_moe, tied=ctx.model.tie_word_embeddings
+        )
+    return float(v)  # type: ignore[arg-type]
 
 
 def memory(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload, p: Profile) -> MemoryBreakdown:

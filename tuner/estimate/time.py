@@ -426,7 +426,7 @@ def _generation(
         # busy phase: C in flight; the tokens left to the drain are C mean residuals
         steps = max(0.0, (share * mean - conc * res_mean) / conc)
         seconds += steps * _decode_step_s(ctx, rtp, rdp, rep, conc, prompt + res_mean)
-        surv = lengths.residual_survival
+        surv: Any = lengths.residual_survival
         end = _tail_end(conc * schedulers, surv, cap)
         seg = end / DRAIN_SEGMENTS
         for i in range(DRAIN_SEGMENTS):

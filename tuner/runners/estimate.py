@@ -1,4 +1,6 @@
-"""The estimate runner: the cost model alone, for machines without GPUs. Rows say so."""
+"""The estimate runner: the cost model alone, for machines without GPUs. Rows say so
+(`source=estimate`, `hardware=cost model`): their memory columns, device total included, are
+predictions, not measures."""
 
 from __future__ import annotations
 
@@ -11,14 +13,19 @@ class EstimateRunner(Runner):
 
     def run(self, spec: TrialSpec) -> TrialResult:
         e = spec.prediction
+        mem = e.memory
+        memory = {  # every phase's device total is its reserved peak + the same outside part
+            "peak_mem_gib": e.peak_mem_gib,
+            "peak_mem_reserved_gib": e.device_peak_gib - e.outside_gib,
+            "peak_mem_device_gib": e.device_peak_gib,
+        }
         if not e.fits:
             return TrialResult(
                 status=Status.OOM,
                 source="estimate",
-                reason=f"predicted peak {e.peak_mem_gib:.1f} GiB in {e.peak_phase} > "
-                f"{spec.cluster.gpu.memory_gib:.1f} GiB",
-                peak_mem_gib=e.peak_mem_gib,
+                reason=f"predicted {e.fit_reason} (estimate)",
                 hardware="cost model",
+                **memory,  # type: ignore[arg-type]
             )
         return TrialResult(
             status=Status.OK,
@@ -31,6 +38,13 @@ class EstimateRunner(Runner):
             reshard_s=e.reshard_s,
             tokens_per_s_per_gpu=e.throughput_tokens_per_s_per_gpu,
             mfu_pct=e.mfu * 100,
-            peak_mem_gib=e.peak_mem_gib,
             hardware="cost model",
+            extra={
+                "memory": "estimate",
+                "device_parts_gib": (
+                    f"allocated={e.peak_mem_gib:.2f}/slack={e.slack_gib:.2f}/"
+                    f"context={mem.cuda_context_gib:.2f}/nccl={mem.nccl_gib:.2f}"
+                ),
+            },
+            **memory,  # type: ignore[arg-type]
         )

@@ -1,19 +1,30 @@
-"""The megatron runner: each trial measures verl's actor update (the Megatron part of an RL step)
-on this node's GPUs with megatron-core, through the torchrun worker `megatron_worker`.
+"""The megatron runner: each trial measures the training side of verl's step (old_log_prob and
+the actor update) on this node's GPUs with megatron-core, through the torchrun worker
+`tuner.runners.megatron_worker`.
 
 One trial, in order (each step a plain function of the previous one's output):
   1. the spec: `worker_spec()` turns the candidate, model and workload into the worker's
-     schema-1 JSON (the step's sample lengths drawn from the workload with the trial's seed),
-     written to trials/<n>/spec.json;
-  2. the launch: `torchrun --standalone --nproc-per-node <gpus> -m tuner.runners.megatron_worker`
-     with a timeout, the log kept as trials/<n>/worker.log;
-  3. the result: trials/<n>/result.json (written by the worker, also on OOM and failure) →
+     schema-2 JSON (the step's sample lengths drawn from the workload's response-length model,
+     `tuner.lengths`, with the trial's seed), written to trials/<n>/spec.json; the batch plans
+     of both phases are checked here first, so a refused plan costs no launch;
+  2. the launch: by default a pool (`megatron_pool.WorkerPool`: one torchrun kept up across
+     trials, the trial handed over as a request file); `pool=False` launches
+     `torchrun --standalone --nproc-per-node <gpus> -m tuner.runners.megatron_worker` per trial;
+     both with the trial's timeout;
+  3. while it runs, the worker appends a line per measured step to trials/<n>/progress.jsonl;
+     `spec.should_stop(step, tokens/s/GPU)` is asked after each, and True abandons the trial
+     (Status.PRUNED_SLOW with the partial times);
+  4. the result: trials/<n>/result.json (written by the worker, also on OOM and failure) →
      TrialResult; without it, the log tells OOM from a crash.
 
-What the row means: `update_actor_s` is the measured update of the whole step (scaled from the
-mini-batches that ran, see `mini_batches`), `tokens_per_s_per_gpu` and `mfu_pct` are the update's
-(generation and log-prob phases are not run: `step_s` is left empty), `peak_mem_gib` is the
-update's peak allocated memory, max over GPUs.
+What the row means: `old_log_prob_s` and `update_actor_s` are measured (the median measured
+step's, the update scaled from the mini-batches that ran to the whole step, see `mini_batches`);
+`generation_s` and `step_s` are left empty (generation is not run here: the study writes the
+cost model's generation in its pred_ columns); `tokens_per_s_per_gpu` = tokens of the step run /
+(old_log_prob_s + update_actor_s of the mini-batches run) / GPUs; memory three ways, max over
+GPUs: `peak_mem_gib` (allocated), `peak_mem_reserved_gib`, `peak_mem_device_gib` (device used,
+what an OOM is decided on); `launch_s` (hand-over to the first measured step: start-up in the
+one-shot mode, model build and warm-up step always) and `measured_s` (wall in measured steps).
 """
 
 from __future__ import annotations
@@ -30,19 +41,29 @@ import tuner
 from tuner.errors import UserError
 from tuner.estimate import Estimate
 from tuner.hardware import Cluster
+from tuner.lengths import draw_response_lengths
 from tuner.models import ModelSpec
 from tuner.results import Status, TrialResult
-from tuner.runners.base import Predicted, Runner, TrialSpec
-from tuner.runners.batching import RESPONSE_LENGTH_DISTRIBUTION, draw_step_lengths
+from tuner.runners.base import Predicted, Runner, TrialSpec, memory_view
+from tuner.runners.megatron_pool import PoolOutcome, WorkerPool
+from tuner.runners.megatron_refusals import megatron_refusals
 from tuner.runners.megatron_worker import SCHEMA, WorkerSpec, parse_result
+from tuner.runners.megatron_worker.protocol import ProgressWatch
+from tuner.runners.megatron_worker.spec import layout_to_dict
+from tuner.runners.megatron_worker.trial import plan_phase
 from tuner.runners.process import Launch, ProcessResult, run_process
-from tuner.space import Candidate, SpaceLimits
+from tuner.space import Candidate, SpaceLimits, modules_of
 from tuner.workload import Workload
+
+__all__ = ["MegatronRunner", "megatron_refusals", "to_trial_result", "worker_spec"]
 
 SPEC_NAME = "spec.json"
 RESULT_NAME = "result.json"
+PROGRESS_NAME = "progress.jsonl"
+ABANDON_NAME = "abandon"
 LOG_NAME = "worker.log"
 WORKER_MODULE = "tuner.runners.megatron_worker"
+BACKEND = "megatron-core: old_log_prob + update_actor (generation predicted, not run)"
 DEFAULT_MINI_BATCHES = 2
 """Mini-batches (optimizer steps) run per measured step by default: the update's throughput does
 not depend on how many there are, and a full dapo-math step (16 of them) would take minutes."""
@@ -54,18 +75,46 @@ WORKER_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
     # As verl's Megatron workers set it (ordered kernel launches for TP/PP communication).
     "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    # Fewer allocator splits between trials of a pool.
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
 }
 MEGATRON_PINNED = (
     ("rollout_tp", 1),
+    ("rollout_dp", 1),
+    ("rollout_ep", 1),
     ("gpu_memory_utilization", 0.6),
     ("max_num_batched_tokens_factor", 1),
-    ("log_prob_max_token_len_factor", 2.0),
-    ("log_prob_micro_batch_log2", 0),
-    ("use_fused_kernels", False),
+    ("max_num_seqs", 256),
+    # What the worker runs without transformer-engine or apex (local layers, flash kernels,
+    # grouped-GEMM experts, alltoall dispatch): pinned so no trial is spent on a knob it ignores.
+    ("apply_rope_fusion", False),
+    ("bias_activation_fusion", False),
+    ("gradient_accumulation_fusion", False),
+    ("attention_backend", "flash"),
+    ("moe_token_dispatcher_type", "alltoall"),
+    ("moe_grouped_gemm", True),
+    ("moe_permute_fusion", False),
 )
-"""Sampler parameters the worker does not measure (generation and log-prob), and the fused
-kernels, which it does not have (it computes full vocab-parallel logits)."""
+"""Sampler parameters the worker does not measure: generation (vLLM is not run) and the kernel
+choices it cannot make here. The log-prob knobs and use_fused_kernels are measured."""
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
+
+
+def step_lengths(workload: Workload, samples_prompts: int, seed: int) -> list[int]:
+    """Sample lengths (prompt + response) for `samples_prompts` prompts x n responses, from the
+    workload's one response-length model (tuner.lengths); samples of a prompt are adjacent."""
+    w = workload
+    plens = draw_response_lengths(
+        samples_prompts, max_len=w.prompt_len, mean_len=w.mean_prompt_len, seed=seed
+    )
+    rlens = draw_response_lengths(
+        samples_prompts * w.n,
+        max_len=w.response_len,
+        mean_len=w.mean_response_len,
+        seed=seed + 1_000_003,
+        clip_fraction=w.clip_fraction,
+    )
+    return [plens[i // w.n] + r for i, r in enumerate(rlens)]
 
 
 def worker_spec(
@@ -78,87 +127,69 @@ def worker_spec(
     steps: int = 3,
     warmup_steps: int = 1,
 ) -> dict[str, Any]:
-    """The worker's schema-1 spec for one trial (raises ValueError if the worker cannot run it).
-
-    `mini_batches` of the step's `workload.mini_batches_per_step` are run (0 = all); the samples
-    are drawn for those only, from the same length distribution."""
+    """The worker's schema-2 spec for one trial; raises ValueError if megatron-core or verl
+    would refuse it (megatron_refusals, token budgets, the batch plans of both phases)."""
     total = workload.mini_batches_per_step
     run = total if mini_batches <= 0 else min(mini_batches, total)
     c, lay = candidate, candidate.layout
-    if c.use_dynamic_bsz and c.ppo_max_token_len_per_gpu * lay.cp < workload.max_seq_len:
-        raise ValueError(
-            f"ppo_max_token_len_per_gpu ({c.ppo_max_token_len_per_gpu}) x cp ({lay.cp}) is below "
-            f"prompt + response ({workload.max_seq_len}): verl refuses it"
-        )
-    lengths = draw_step_lengths(
-        prompts=run * workload.mini_batch_size,
-        n=workload.n,
-        prompt_max=workload.prompt_len,
-        prompt_mean=workload.mean_prompt_len,
-        response_max=workload.response_len,
-        response_mean=workload.mean_response_len,
-        seed=seed,
-    )
+    problems = megatron_refusals(c, model)
+    if problems:
+        raise ValueError("megatron-core refuses it: " + "; ".join(problems))
+    if c.use_dynamic_bsz:
+        for name in ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
+            budget = getattr(c, name) or c.ppo_max_token_len_per_gpu
+            if budget * lay.cp < workload.max_seq_len:
+                raise ValueError(
+                    f"{name} ({budget}) x cp ({lay.cp}) is below prompt + response "
+                    f"({workload.max_seq_len}): verl refuses it"
+                )
+    lengths = step_lengths(workload, run * workload.mini_batch_size, seed)
     spec = {
         "schema": SCHEMA,
-        "model": {
-            "name": model.name,
-            "num_layers": model.num_layers,
-            "hidden_size": model.hidden_size,
-            "ffn_hidden_size": model.ffn_hidden_size,
-            "num_attention_heads": model.num_attention_heads,
-            "num_query_groups": model.num_kv_heads,
-            "kv_channels": model.head_dim,
-            "vocab_size": model.vocab_size,
-            "num_experts": model.num_experts,
-            "moe_router_topk": model.moe_topk,
-            "moe_ffn_hidden_size": model.moe_ffn_hidden_size,
-            "qkv_bias": model.qkv_bias,
-            "tie_word_embeddings": model.tie_word_embeddings,
-            "qk_layernorm": model.qk_layernorm,
-        },
-        "layout": {
-            "tp": lay.tp,
-            "pp": lay.pp,
-            "vpp": lay.vpp,
-            "cp": lay.cp,
-            "ep": lay.ep,
-            "etp": lay.etp,
-            "sp": c.sequence_parallel,
-        },
+        "model": {k: getattr(model, k) for k in model.__dataclass_fields__},
+        "layout": layout_to_dict(lay),
+        "sequence_parallel": c.sequence_parallel,
         "recompute": {
             "granularity": c.recompute_granularity,
             "method": c.recompute_method,
             "num_layers": c.recompute_num_layers if c.recompute_granularity == "full" else 0,
+            "modules": list(modules_of(c)),
         },
-        "offload": {
-            "param": c.param_offload,
-            "grad": c.param_offload,  # verl 0.9.1: param_offload moves grads too
-            "optimizer": c.optimizer_offload,
-        },
+        "offload": {"param": c.param_offload, "optimizer": c.optimizer_offload},
         "batch": {
             "sequence_lengths": lengths,
             "mini_batch_size": workload.mini_batch_size * workload.n,
             "use_dynamic_bsz": c.use_dynamic_bsz,
             "max_token_len_per_gpu": c.ppo_max_token_len_per_gpu if c.use_dynamic_bsz else 0,
             "micro_batch_size_per_gpu": 0 if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu,
+            "log_prob_max_token_len_per_gpu": (
+                c.log_prob_max_token_len_per_gpu if c.use_dynamic_bsz else 0
+            ),
+            "log_prob_micro_batch_size_per_gpu": (
+                0 if c.use_dynamic_bsz else c.log_prob_micro_batch_size_per_gpu
+            ),
         },
+        "use_fused_kernels": c.use_fused_kernels,
+        "phases": ["old_log_prob", "update_actor"],
         "steps": steps,
         "warmup_steps": warmup_steps,
         "seed": seed,
         # Not read by the worker: how the lengths were drawn, for the row.
         "lengths": {
-            "distribution": RESPONSE_LENGTH_DISTRIBUTION,
+            "distribution": "tuner.lengths",
             "mini_batches_run": run,
             "mini_batches_per_step": total,
         },
     }
-    WorkerSpec.from_dict(spec).layout.dp(lay.world)  # the worker's own checks, here first
+    ws = WorkerSpec.from_dict(spec)  # the worker's own checks, here first
+    for phase in ws.phases:
+        plan_phase(ws, phase, lay.dp)  # raises ValueError where the plan is refused
     return spec
 
 
 class MegatronRunner(Runner):
-    """Measures the actor update with megatron-core on this node; see the module docstring."""
+    """Measures old_log_prob and the actor update with megatron-core on this node; see the
+    module docstring. Call `close()` at the end of a study (it ends the worker pool)."""
 
     name = "megatron"
 
@@ -169,6 +200,8 @@ class MegatronRunner(Runner):
         mini_batches: int = DEFAULT_MINI_BATCHES,
         steps: int = 3,
         warmup_steps: int = 1,
+        pool: bool = True,
+        pool_dir: Path | None = None,
         launch: Launch | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
@@ -176,13 +209,16 @@ class MegatronRunner(Runner):
         self.mini_batches = mini_batches
         self.steps = steps
         self.warmup_steps = warmup_steps
+        self.use_pool = pool and launch is None
+        self.pool_dir = pool_dir
         self._launch = launch or run_process
         self.env = dict(env or {})
+        self._pool: WorkerPool | None = None
 
     def space_limits(self, model: ModelSpec) -> SpaceLimits:
         """Without transformer-engine megatron-core has no context or sequence parallel, so the
-        space leaves those out; the generation and log-prob knobs are pinned, as the worker runs
-        only the update, and so are the fused kernels, as it computes full logits."""
+        space leaves those out; the generation knobs and the kernel choices the worker cannot
+        make are pinned (MEGATRON_PINNED); log-prob batching and fused kernels are measured."""
         te = importlib.util.find_spec("transformer_engine") is not None
         return SpaceLimits(
             context_parallel=te,
@@ -191,18 +227,25 @@ class MegatronRunner(Runner):
             why="" if te else "no transformer-engine here: no context or sequence parallel",
         )
 
-    def predicted(self, pred: Estimate, cluster: Cluster) -> Predicted:
-        """The update only: its throughput, and its peak less the reference model's weights
-        (the worker builds no reference model)."""
-        mem = pred.memory
-        peak = mem.update_peak_gib - mem.reference_gib
-        cap = cluster.gpu.memory_gib
-        upd = pred.update_actor_s
+    def predicted(
+        self, pred: Estimate, cluster: Cluster, *, headroom_gib: float | None = None
+    ) -> Predicted:
+        """old_log_prob + update: their throughput, and their peaks (allocated and device) less
+        the reference model's weights (the worker builds no reference model)."""
+        peak, device, phase, unfit = memory_view(
+            pred,
+            cluster,
+            phases=("old_log_prob", "update_actor"),
+            drop_reference=True,
+            headroom_gib=headroom_gib,
+        )
+        t = (pred.update_actor_s or 0.0) + (getattr(pred, "old_log_prob_s", 0.0) or 0.0)
         return Predicted(
-            tokens_per_s_per_gpu=pred.tokens_per_step / upd / cluster.num_gpus if upd else 0.0,
+            tokens_per_s_per_gpu=pred.tokens_per_step / t / cluster.num_gpus if t else 0.0,
             peak_gib=peak,
-            phase="update_actor",
-            unfit=f"peak {peak:.1f} GiB in update_actor > {cap:.1f} GiB" if peak > cap else "",
+            phase=phase,
+            device_gib=device,
+            unfit=unfit,
         )
 
     def check_available(self, cluster: Cluster) -> None:
@@ -224,22 +267,24 @@ class MegatronRunner(Runner):
                 f"--gpus {cluster.num_gpus} but this node shows {have} GPU(s) (nvidia-smi -L)"
             )
 
+    def torchrun(self, num_gpus: int) -> list[str]:
+        return [
+            self.python, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(num_gpus), "-m", WORKER_MODULE,
+        ]  # fmt: skip
+
     def command(self, spec: TrialSpec) -> list[str]:
         d = spec.trial_dir.resolve()
         return [
-            self.python,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(spec.cluster.num_gpus),
-            "-m",
-            WORKER_MODULE,
-            "--spec",
-            str(d / SPEC_NAME),
-            "--out",
-            str(d / RESULT_NAME),
-        ]
+            *self.torchrun(spec.cluster.num_gpus),
+            "--spec", str(d / SPEC_NAME), "--out", str(d / RESULT_NAME),
+            "--progress", str(d / PROGRESS_NAME), "--abandon", str(d / ABANDON_NAME),
+        ]  # fmt: skip
+
+    def _env(self) -> dict[str, str]:
+        package_root = str(Path(tuner.__file__).resolve().parents[1])
+        pythonpath = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+        return {**WORKER_ENV, "PYTHONPATH": pythonpath, **self.env}
 
     def run(self, spec: TrialSpec) -> TrialResult:
         try:
@@ -253,36 +298,94 @@ class MegatronRunner(Runner):
                 warmup_steps=self.warmup_steps,
             )
         except ValueError as e:
-            return TrialResult(status=Status.FAILED, source=self.name, reason=str(e)[:300])
+            return TrialResult(
+                status=Status.PRUNED_INVALID,
+                source=self.name,
+                reason=str(e)[:300],
+                backend=BACKEND,
+            )
         d = spec.trial_dir.resolve()
         d.mkdir(parents=True, exist_ok=True)
-        result_path = d / RESULT_NAME
-        result_path.unlink(missing_ok=True)
+        paths = {n: d / n for n in (RESULT_NAME, PROGRESS_NAME, ABANDON_NAME)}
+        for p in paths.values():
+            p.unlink(missing_ok=True)
         (d / SPEC_NAME).write_text(json.dumps(wspec) + "\n")
-        package_root = str(Path(tuner.__file__).resolve().parents[1])
-        pythonpath = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
-        env = {**WORKER_ENV, "PYTHONPATH": pythonpath, **self.env}
-        res = self._launch(
-            self.command(spec), log_path=d / LOG_NAME, timeout_s=spec.timeout_s, env=env, cwd=d
+        watch = ProgressWatch(paths[PROGRESS_NAME], spec.cluster.num_gpus, spec.should_stop)
+        if self.use_pool:
+            out = self._run_pool(spec, d, paths, watch)
+        else:
+            out = self._launch(
+                self.command(spec),
+                log_path=d / LOG_NAME,
+                timeout_s=spec.timeout_s,
+                env=self._env(),
+                cwd=d,
+                poll=watch.poll if spec.should_stop else None,
+            )
+        return to_trial_result(out, paths[RESULT_NAME], wspec, spec, watch)
+
+    def _run_pool(
+        self, spec: TrialSpec, d: Path, paths: dict[str, Path], watch: ProgressWatch
+    ) -> ProcessResult:
+        if self._pool is None or self._pool_world != spec.cluster.num_gpus:
+            if self._pool is not None:
+                self._pool.close()
+            folder = self.pool_dir or spec.trial_dir.resolve().parent.parent / "pool"
+            self._pool = WorkerPool(
+                folder / "p", self.torchrun(spec.cluster.num_gpus), env=self._env()
+            )
+            self._pool_world = spec.cluster.num_gpus
+        o: PoolOutcome = self._pool.run(
+            spec=d / SPEC_NAME,
+            out=paths[RESULT_NAME],
+            progress=paths[PROGRESS_NAME],
+            abandon=paths[ABANDON_NAME],
+            timeout_s=spec.timeout_s,
+            poll=watch.poll if spec.should_stop else None,
         )
-        return to_trial_result(res, result_path, wspec, spec)
+        log = d / LOG_NAME
+        log.write_text(f"pool log: {self._pool.log_path}\n")
+        return ProcessResult(
+            returncode=o.returncode if not o.finished else 0,
+            timed_out=o.timed_out,
+            duration_s=o.duration_s,
+            log_path=self._pool.log_path,
+            stopped=o.stopped,
+        )
+
+    def close(self) -> None:
+        """End the worker pool (the study calls this at its end)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    _pool_world = 0
 
 
 def to_trial_result(
-    res: ProcessResult, result_path: Path, wspec: dict[str, Any], spec: TrialSpec
+    res: ProcessResult,
+    result_path: Path,
+    wspec: dict[str, Any],
+    spec: TrialSpec,
+    watch: ProgressWatch | None = None,
 ) -> TrialResult:
-    """The row from what the launch left: result.json if the worker wrote it, else the log."""
+    """The row from what the launch left: result.json if the worker wrote it, else the log (and
+    the progress lines, for a trial stopped early)."""
     lengths = wspec["lengths"]
     scale = lengths["mini_batches_per_step"] / lengths["mini_batches_run"]
     extra: dict[str, Any] = {
-        "measured": "actor update",
+        "measured": "old_log_prob + actor update",
         "mini_batches_run": lengths["mini_batches_run"],
         "mini_batches_per_step": lengths["mini_batches_per_step"],
         "seed": wspec["seed"],
         "lengths": lengths["distribution"],
-        "launch_s": round(res.duration_s, 1),
+        "wall_s": round(res.duration_s, 1),
     }
-    common: dict[str, Any] = {"source": "megatron", "log_path": str(res.log_path)}
+    common: dict[str, Any] = {
+        "source": "megatron",
+        "log_path": str(res.log_path),
+        "backend": BACKEND,
+    }
     try:
         r = parse_result(result_path.read_text())
     except FileNotFoundError:
@@ -291,12 +394,16 @@ def to_trial_result(
         return TrialResult(
             status=Status.FAILED, reason=f"unreadable {RESULT_NAME}: {e}", extra=extra, **common
         )
-    if r is None:
+    seen = watch.seen if watch is not None else []
+    if r is None or r.status == "abandoned":
+        if res.stopped or (r is not None and r.status == "abandoned"):
+            return _pruned(seen, spec, extra, common, r)
         tail = res.tail()
         if res.timed_out:
             return TrialResult(
                 status=Status.TIMEOUT,
-                reason=f"no result within {spec.timeout_s:.0f} s",
+                reason=f"no result within {spec.timeout_s:.0f} s"
+                + (f" ({len(seen)} measured steps done)" if seen else ""),
                 extra=extra,
                 **common,
             )
@@ -305,27 +412,58 @@ def to_trial_result(
         return TrialResult(
             status=Status.OOM if oom else Status.FAILED, reason=last[:300], extra=extra, **common
         )
-    extra.update({k: v for k, v in r.extra.items() if k != "micro_batches_per_mini_batch"})
+    extra.update({k: v for k, v in r.extra.items() if not isinstance(v, list)})
     extra.update(phase=r.phase, num_micro_batches=r.num_micro_batches)
     common.update(
         hardware=f"{r.world_size}x {r.gpu}" if r.gpu else "",
         versions=" ".join(f"{k}={v}" for k, v in sorted(r.versions.items())),
     )
     if r.status != "ok":
+        if r.mem_at_failure:
+            extra.update({f"oom_{k}_gib": v for k, v in r.mem_at_failure.items()})
         status = Status.OOM if r.status == "oom" else Status.FAILED
         return TrialResult(
             status=status, reason=f"{r.phase}: {r.reason}"[:300], extra=extra, **common
         )
     extra["step_times_s"] = "/".join(f"{t:.3f}" for t in r.step_times_s)
-    extra["update_s_measured"] = round(r.step_s or 0.0, 3)
-    update_s = (r.step_s or math.nan) * scale
+    extra["update_s_run"] = round(r.update_actor_s or 0.0, 3)
+    upd = (r.update_actor_s or math.nan) * scale
     return TrialResult(
         status=Status.OK,
-        update_actor_s=update_s,
+        old_log_prob_s=r.old_log_prob_s,
+        update_actor_s=upd,
         tokens_per_s_per_gpu=r.tokens_per_s_per_gpu,
         mfu_pct=r.mfu_pct,
         peak_mem_gib=r.peak_mem_allocated_gib,
         peak_mem_reserved_gib=r.peak_mem_reserved_gib,
+        peak_mem_device_gib=r.peak_mem_device_gib,
+        launch_s=r.launch_s,
+        measured_s=r.measured_s,
+        extra=extra,
+        **common,
+    )
+
+
+def _pruned(
+    seen: list[Any], spec: TrialSpec, extra: dict[str, Any], common: dict[str, Any], r: Any
+) -> TrialResult:
+    """A trial stopped early: PRUNED_SLOW with the times of the steps it measured."""
+    world = spec.cluster.num_gpus
+    if r is not None and r.peak_mem_allocated_gib is not None:
+        common = {**common, "peak_mem_gib": r.peak_mem_allocated_gib,
+                  "peak_mem_reserved_gib": r.peak_mem_reserved_gib,
+                  "peak_mem_device_gib": r.peak_mem_device_gib,
+                  "launch_s": r.launch_s, "measured_s": r.measured_s}  # fmt: skip
+    if not seen:
+        return TrialResult(status=Status.PRUNED_SLOW, reason="stopped early", extra=extra, **common)
+    last = seen[-1]
+    extra["step_times_s"] = "/".join(f"{p.seconds:.3f}" for p in seen)
+    return TrialResult(
+        status=Status.PRUNED_SLOW,
+        reason=f"stopped after measured step {last.step}: "
+        f"{last.tokens_per_s_per_gpu(world):.0f} tokens/s/GPU",
+        old_log_prob_s=last.old_log_prob_s,
+        tokens_per_s_per_gpu=last.tokens_per_s_per_gpu(world),
         extra=extra,
         **common,
     )

@@ -22,6 +22,8 @@ class ProcessResult:
     timed_out: bool
     duration_s: float
     log_path: Path
+    stopped: bool = False
+    """Ended early because `poll` asked for it (not a timeout)."""
 
     def tail(self, n_bytes: int = 20_000) -> str:
         try:
@@ -43,9 +45,12 @@ def run_process(
     timeout_s: float,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    poll: Callable[[], bool] | None = None,
+    poll_s: float = 1.0,
 ) -> ProcessResult:
     """Run `cmd` in its own process group, stdout+stderr to `log_path`; on timeout the whole
-    group gets SIGTERM, then SIGKILL 10 s later."""
+    group gets SIGTERM, then SIGKILL 10 s later. `poll`, called every `poll_s` while it runs,
+    returning True stops it the same way (`stopped`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {})}
     start = time.monotonic()
@@ -58,24 +63,44 @@ def run_process(
             cwd=cwd,
             start_new_session=True,
         )
+        stopped = timed_out = False
+        rc: int | None = None
         try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out, rc = True, None
-            _kill_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc, signal.SIGKILL)
-                proc.wait()
+            while True:
+                left = timeout_s - (time.monotonic() - start)
+                if left <= 0:
+                    timed_out = True
+                    break
+                try:
+                    rc = proc.wait(timeout=min(left, poll_s) if poll else left)
+                    break
+                except subprocess.TimeoutExpired:
+                    if poll is not None and poll():
+                        stopped = True
+                        break
+            if rc is None:
+                stop_group(proc)
         except BaseException:
             _kill_group(proc, signal.SIGKILL)
             proc.wait()
             raise
     return ProcessResult(
-        returncode=rc, timed_out=timed_out, duration_s=time.monotonic() - start, log_path=log_path
+        returncode=rc,
+        timed_out=timed_out,
+        duration_s=time.monotonic() - start,
+        log_path=log_path,
+        stopped=stopped,
     )
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process group, SIGKILL 10 s later if it is still there."""
+    _kill_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, signal.SIGKILL)
+        proc.wait()
 
 
 def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -101,6 +101,8 @@ class _Study:
                 f"({old}); pass --study NEW_NAME to start a new one"
             )
         self.legacy, self.notes = check_leaderboard(req.csv_path, req.name, self.label)
+        self.lines: dict[tuple[int, str], str] = {}
+        """Formatted CSV lines by (trial, recipe), so each rebuild formats only new rows."""
         self.records: dict[int, TrialRecord] = {}
         """Parsed records by trial number (parsed once; for learning and repeats)."""
         self.learner = StudyLearner(
@@ -154,7 +156,9 @@ class _Study:
             elif t.number in self.legacy:
                 recs.append({**self.legacy[t.number].to_dict(), "storage": self.label})
         got = self.study.user_attrs.get(RECIPES_ATTR)
-        write_leaderboard(self.req.csv_path, recs, got if isinstance(got, dict) else None)
+        write_leaderboard(
+            self.req.csv_path, recs, got if isinstance(got, dict) else None, self.lines
+        )
 
     def best(self) -> tuple[float, str] | None:
         ok = [r for r in self.records.values() if r.status is Status.OK and r.tokens_per_s_per_gpu]

@@ -153,8 +153,11 @@ def record_of(t: optuna.trial.FrozenTrial) -> TrialRecord | None:
 
 def store_record(study: optuna.Study, trial_id: int, rec: TrialRecord) -> None:
     """Keep the whole record in the trial's user attrs, with the few attrs users filter on."""
+    from tuner.study.view import LINE_KEY, line_entry
+
     s = study._storage
-    s.set_trial_user_attr(trial_id, RECORD_ATTR, rec.to_dict())
+    d = rec.to_dict()
+    s.set_trial_user_attr(trial_id, RECORD_ATTR, {**d, LINE_KEY: line_entry(d)})
     for k in ("status", "reason", "train_parallel", "source"):
         s.set_trial_user_attr(trial_id, k, str(getattr(rec, k)))
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import io
 import os
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import UserError
 from tuner.fileio import write_atomic
-from tuner.results import TrialRecord, csv_text, locked, row_of
+from tuner.results import COLUMNS, SCHEMA_VERSION, TrialRecord, _fmt, locked
 
 
-def _damage(text: str) -> tuple[list[str], list[dict[str, str]], str]:
+def _damage(text: str) -> tuple[list[str], list[list[str]], str]:
     """(header, rows, what is wrong: '' when nothing) of a leaderboard file's text."""
     if not text:
         return [], [], "it is empty"
@@ -31,7 +33,7 @@ def _damage(text: str) -> tuple[list[str], list[dict[str, str]], str]:
     for i, cells in enumerate(lines[1:], start=2):
         if len(cells) != len(header):
             return header, [], f"line {i} has {len(cells)} fields, the header {len(header)}"
-    return header, [dict(zip(header, cells, strict=True)) for cells in lines[1:]], ""
+    return header, lines[1:], ""
 
 
 def check_leaderboard(
@@ -48,10 +50,12 @@ def check_leaderboard(
         raw = path.read_bytes()
     except FileNotFoundError:
         return {}, []
+    header: list[str] = []
+    rows: list[list[str]] = []
     try:
         text = raw.decode()
     except UnicodeDecodeError:
-        header, rows, why = [], [], "it is not UTF-8 text"
+        why = "it is not UTF-8 text"
     else:
         header, rows, why = _damage(text)
     if not why and "schema_version" not in header:
@@ -65,40 +69,95 @@ def check_leaderboard(
         os.replace(path, aside)
         return {}, [f"{path} was damaged ({why}): kept as {aside}; rebuilt from the storage"]
     legacy: dict[int, TrialRecord] = {}
-    for r in rows:
-        other = r.get("storage", "")
+    i_storage = header.index("storage") if "storage" in header else None
+    i_study = header.index("study") if "study" in header else None
+    for cells in rows:
+        other = cells[i_storage] if i_storage is not None else ""
         if other and other != label:
             raise UserError(
                 f"{path} was written by storage {other}, not by {label}: pass --storage "
                 f"{other.partition(':')[2] or other}, or --results-dir with another folder"
             )
-        if r.get("study") != study:
+        name = cells[i_study] if i_study is not None else ""
+        if name != study:
             raise UserError(
-                f"{path} holds rows of study {r.get('study')!r}, not only of {study}: "
+                f"{path} holds rows of study {name!r}, not only of {study}: "
                 "pass --results-dir with another folder"
             )
         if not other:
             try:
-                rec = TrialRecord.from_row(r)
+                rec = TrialRecord.from_row(dict(zip(header, cells, strict=True)))
             except (ValueError, TypeError):
                 continue
             legacy[rec.trial] = rec
     return legacy, []
 
 
+def _cell(v: Any) -> str:
+    t = type(v)
+    if t is str:
+        return v  # type: ignore[no-any-return]
+    if v is None:
+        return ""
+    if t is float:
+        return "" if v != v else f"{v:.6g}"
+    if t is bool or t is int:
+        return str(v)
+    return _fmt(v)
+
+
+_HEADER = ",".join(COLUMNS) + "\n"
+_VERSION_CELL = str(SCHEMA_VERSION)
+
+
+def record_line(d: dict[str, Any], recipe: str = "") -> str:
+    """One CSV line (with its newline) of a record dict (`TrialRecord.to_dict()`)."""
+    cells = [v if type(v) is str else "" if v is None else _cell(v) for v in map(d.get, COLUMNS)]
+    cells[0] = _VERSION_CELL
+    if recipe:
+        cells[_RECIPE] = recipe
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(cells)
+    return buf.getvalue()
+
+
+_RECIPE = COLUMNS.index("recipe")
+COLUMNS_KEY = f"{SCHEMA_VERSION}:{zlib.crc32(_HEADER.encode()):08x}"
+"""Identifies the column set a stored line was formatted for (knobs change between versions)."""
+LINE_KEY = "_csv_line"
+"""Key of a record dict's formatted CSV line, [COLUMNS_KEY, line], kept beside the record in
+the storage so that rebuilding a large study's CSV is a join, not a reformatting."""
+
+
+def line_entry(d: dict[str, Any]) -> list[str]:
+    return [COLUMNS_KEY, record_line(d)]
+
+
 def write_leaderboard(
-    path: Path, records: Iterable[dict[str, Any]], recipes: dict[str, str] | None = None
+    path: Path,
+    records: Iterable[dict[str, Any]],
+    recipes: dict[str, str] | None = None,
+    cache: dict[tuple[int, str], str] | None = None,
 ) -> int:
     """Rewrite the leaderboard from record dicts (`TrialRecord.to_dict()`), sorted by trial;
-    `recipes` maps trial numbers (text) to recipe paths. Returns the number of rows."""
+    `recipes` maps trial numbers (text) to recipe paths. `cache` keeps the formatted line of
+    each (trial, recipe) between calls (a finished record never changes), so rebuilding after
+    each trial formats only the new ones. Returns the number of rows."""
     recipes = recipes or {}
-    rows = []
-    for d in sorted(records, key=lambda d: int(d["trial"])):
-        row = row_of(d)
-        r = recipes.get(row["trial"])
-        if r:
-            row["recipe"] = r
-        rows.append(row)
+    cache = {} if cache is None else cache
+    lines: list[tuple[int, str]] = []
+    for d in records:
+        n = int(d["trial"])
+        recipe = recipes.get(str(n), "")
+        line = cache.get((n, recipe))
+        if line is None and not recipe:
+            got = d.get(LINE_KEY)
+            if isinstance(got, list) and len(got) == 2 and got[0] == COLUMNS_KEY:
+                line = cache[(n, recipe)] = got[1]
+        if line is None:
+            line = cache[(n, recipe)] = record_line(d, recipe)
+        lines.append((n, line))
+    lines.sort(key=lambda x: x[0])
     with locked(path):
-        write_atomic(path, csv_text(rows))
-    return len(rows)
+        write_atomic(path, _HEADER + "".join(line for _, line in lines))
+    return len(lines)

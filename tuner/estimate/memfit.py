@@ -1,0 +1,450 @@
+"""Device memory beyond PyTorch's tensors, the headroom that pruning keeps, and the study's
+memory guard.
+
+An OOM is decided on the device total (what `nvidia-smi` / `torch.cuda.mem_get_info` call used),
+not on PyTorch's allocated peak. Per GPU:
+
+    device = allocated + slack + context + nccl
+
+- allocated: the tensors the cost model counts (tuner.estimate.memory), plus the cuBLAS /
+  cuBLASLt / transformer-engine workspaces, which PyTorch's caching allocator hands out;
+- slack: reserved - allocated, the caching allocator's fragmentation. It grows with the large
+  short-lived tensors of a step (activations, logits, all-to-all buffers) and with micro-batches
+  of varying length, whose blocks do not fit one another's holes:
+  `slack = SLACK_FIXED_GIB + SLACK_FRACTION * transient`;
+- context: the CUDA context and the kernel images loaded into it, per process;
+- nccl: the buffers of each NCCL communicator the rank belongs to and uses (`nccl_gib`).
+
+`fit_memory` fits a correction (scale, offset) and a headroom to measured rows (whatever of
+allocated / reserved / device they carry); `DEFAULT_HEADROOM_GIB` is that fit on the committed
+leaderboards (scripts/memory_fit.py). `MemoryGuard` is what a study learns from its own trials:
+a multiplicative correction from rows that ran and a ceiling from rows that ran out of memory.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tuner.hardware import GIB, Cluster
+from tuner.space import ParallelLayout
+
+MIB = 1024**2
+
+# --------------------------------------------------------------------------------------------
+# Constants (first principles; sources in the docstrings)
+# --------------------------------------------------------------------------------------------
+
+CUDA_CONTEXT_GIB = 1.0
+"""CUDA context plus the kernel images a verl / megatron worker process loads, per GPU. With
+lazy module loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) the bare context of
+a torch process on an H100 is ~0.5 GiB; cuBLAS, cuDNN, NCCL, flash-attention and, in verl,
+vLLM's and transformer-engine's kernels add a few hundred MiB as they are first used."""
+WORKSPACE_GIB = 0.1
+"""cuBLAS (2 x 4 MiB per handle and stream, torch's Hopper default), cuBLASLt (32 MiB) and
+transformer-engine (32 MiB per stream) workspaces. PyTorch's caching allocator provides them, so
+they count in the allocated peak; the tensor model does not list them."""
+NCCL_SIMPLE_BUFFER_MIB = 4.0
+"""NCCL_BUFFSIZE default: the Simple protocol's buffer per connection (4 MiB)."""
+NCCL_LL128_BUFFER_MIB = 120 * 640 * 8 * 8 / MIB
+"""LL128 protocol buffer per connection: elements per thread (120) x threads (640) x steps (8)
+x 8 bytes = 4.69 MiB (NCCL's DEFAULT_LL128_BUFFSIZE)."""
+NCCL_LL_BUFFER_MIB = 8 * 512 * 8 * 16 / MIB
+"""LL protocol buffer per connection: lines per thread (8) x threads (512) x steps (8) x 16
+bytes = 0.5 MiB (NCCL's DEFAULT_LL_BUFFSIZE)."""
+NCCL_COLL_CHANNELS = 32
+"""Channels NCCL opens for ring/tree collectives on NVLink-switch hosts (H100/H200: up to 32;
+memory is linear in channels, NVIDIA/nccl#986)."""
+NCCL_RING_CONNECTIONS = 2
+"""Connections per channel a rank holds for a ring or tree collective (its neighbours)."""
+NCCL_P2P_PEER_CHANNEL_MIB = 3.28e9 / (7 * 32) / MIB
+"""Buffers of one point-to-point (send/recv, all-to-all) peer per channel: an 8 x H100
+all-to-all took 3.28 GB of device memory outside PyTorch over 7 peers x 32 channels
+(NVIDIA/nccl#1685), 14 MiB per peer and channel."""
+NCCL_P2P_CHANNELS_LOCAL = 32
+"""P2P channels per peer inside a node (NVIDIA/nccl#1685 shows 32 on an H100 host)."""
+NCCL_P2P_CHANNELS_NET = 2
+"""P2P channels per peer across nodes (NCCL_NCHANNELS_PER_NET_PEER's default)."""
+SLACK_FIXED_GIB = 2.5
+"""Caching-allocator slack (reserved - allocated) present in any training step: blocks of the
+optimizer step, communication buckets and small tensors that leave holes. Fitted with
+SLACK_FRACTION on the reserved-minus-allocated of the committed rows (scripts/memory_fit.py)."""
+SLACK_FRACTION = 0.24
+"""Slack per GiB of the step's transient tensors (activations, logits, dispatch buffers):
+variable-length micro-batches free and reallocate blocks of different sizes each time."""
+
+# Headroom and guard -------------------------------------------------------------------------
+
+MIN_HEADROOM_GIB = 2.0
+"""The least headroom pruning keeps: allocations the model does not see (a lazily connected
+NCCL algorithm, the allocator's next segment, another process on the GPU) come in GiB steps."""
+DEFAULT_HEADROOM_GIB = 2.0
+"""Headroom below the GPU's capacity that pruning keeps by default: `fit_memory` on the
+committed leaderboards (results/dense-h200-x2.csv, results/moe-h200-x2.csv; the raw model,
+scale 1, offset 0; scripts/memory_fit.out.txt), at least MIN_HEADROOM_GIB."""
+HEADROOM_MARGIN_GIB = 0.5
+"""Added to the largest under-prediction of the fitted rows."""
+OOM_MARGIN_GIB = 0.5
+"""After an OOM at corrected prediction P, candidates at P minus this are unfit too."""
+SCALE_BOUNDS = (0.7, 1.5)
+"""The guard's correction stays inside these (one odd row must not undo the model)."""
+
+
+# --------------------------------------------------------------------------------------------
+# NCCL communicators of a layout
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Communicator:
+    """One NCCL communicator a rank uses."""
+
+    name: str
+    """megatron-core's group name (parallel_state.py), or `WORLD` for torch's default group."""
+    size: int
+    """Ranks in it."""
+    stride: int
+    """Rank distance between neighbours (tells whether peers share the node)."""
+    p2p: bool = False
+    """Point-to-point (send/recv, all-to-all) rather than a ring/tree collective."""
+    peers: int = 0
+    """P2P peers a rank connects to (all-to-all: size - 1; a pipeline: its neighbours)."""
+
+
+def communicators(lay: ParallelLayout, *, moe: bool, tied: bool) -> list[Communicator]:
+    """The NCCL communicators (size > 1) one actor rank connects in a verl Megatron step.
+
+    megatron-core 0.19 `parallel_state.initialize_model_parallel` creates ~20 NCCL groups, but
+    torch creates a communicator lazily at a group's first collective and NCCL connects the
+    buffers of the algorithms used (NCCL_RUNTIME_CONNECT), so only the groups a step uses cost
+    memory: the distributed optimizer's reduce-scatter/all-gather over DATA_PARALLEL_GROUP_WITH_CP
+    (EXPERT_DATA_PARALLEL_GROUP for experts), its grad-norm all-reduce over
+    INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP (the whole world), tensor-parallel collectives,
+    pipeline send/recv (and verl's weight broadcast to the rollout over the same group),
+    context-parallel ring send/recv, MoE all-to-all over EXPERT_MODEL_PARALLEL_GROUP plus the
+    dispatcher's gathers over EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP, EXPERT_TENSOR_PARALLEL
+    collectives, the tied-embedding all-reduce over EMBEDDING_GROUP (finalize_model_grads.py), and
+    torch's default group (verl's barriers and metrics). Megatron's rank order is tp-cp-ep-dp-pp
+    (tp fastest), which gives each group's stride."""
+    tp, cp, pp, dp, ep, etp = lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp
+    world = lay.world
+    out: list[Communicator] = []
+
+    def coll(name: str, size: int, stride: int) -> None:
+        if size > 1:
+            out.append(Communicator(name=name, size=size, stride=stride))
+
+    def p2p(name: str, size: int, stride: int, peers: int) -> None:
+        if size > 1:
+            out.append(Communicator(name=name, size=size, stride=stride, p2p=True, peers=peers))
+
+    coll("WORLD", world, 1)
+    coll("INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", world, 1)
+    coll("TENSOR_MODEL_PARALLEL_GROUP", tp, 1)
+    coll("DATA_PARALLEL_GROUP_WITH_CP", dp * cp, tp)
+    p2p("CONTEXT_PARALLEL_GROUP", cp, tp, min(2, cp - 1))
+    p2p("PIPELINE_MODEL_PARALLEL_GROUP", pp, world // pp, min(2, pp - 1))
+    coll("PIPELINE_MODEL_PARALLEL_GROUP (weight broadcast)", pp, world // pp)
+    if tied:
+        coll("EMBEDDING_GROUP", min(2, pp), world // pp)
+    if moe:
+        edp = world // (pp * ep * etp)
+        p2p("EXPERT_MODEL_PARALLEL_GROUP", ep, etp, ep - 1)
+        coll("EXPERT_TENSOR_PARALLEL_GROUP", etp, 1)
+        coll("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", etp * ep, 1)
+        coll("EXPERT_DATA_PARALLEL_GROUP", edp, etp * ep)
+    return out
+
+
+def _peers_in_node(stride: int, peers: int, local_gpus: int) -> int:
+    """How many of a rank's `peers` (at multiples of `stride`) share its node."""
+    same = max(1, local_gpus // max(1, stride)) - 1
+    return min(peers, same)
+
+
+def communicator_gib(comm: Communicator, local_gpus: int) -> float:
+    """Device buffers of one communicator on one rank, GiB.
+
+    Collective: channels x connections x (Simple + LL128 + LL buffers), about 0.57 GiB (an A100
+    pair measured 544 MB per communicator, larger groups 688 MB: NVIDIA/nccl#964). P2P: per peer,
+    channels x the per-channel buffers measured for all-to-all; peers on other nodes get
+    NCCL_NCHANNELS_PER_NET_PEER channels."""
+    if not comm.p2p:
+        per_conn = NCCL_SIMPLE_BUFFER_MIB + NCCL_LL128_BUFFER_MIB + NCCL_LL_BUFFER_MIB
+        return NCCL_COLL_CHANNELS * NCCL_RING_CONNECTIONS * per_conn * MIB / GIB
+    local = _peers_in_node(comm.stride, comm.peers, local_gpus)
+    remote = comm.peers - local
+    channels = local * NCCL_P2P_CHANNELS_LOCAL + remote * NCCL_P2P_CHANNELS_NET
+    return channels * NCCL_P2P_PEER_CHANNEL_MIB * MIB / GIB
+
+
+def nccl_gib(lay: ParallelLayout, cluster: Cluster, *, moe: bool, tied: bool) -> float:
+    """NCCL buffers of one actor rank, GiB (the sum over `communicators`)."""
+    return sum(
+        communicator_gib(c, cluster.local_gpus)
+        for c in communicators(lay, moe=moe, tied=tied)
+    )
+
+
+def slack_gib(transient_gib: float) -> float:
+    """Caching-allocator slack (reserved - allocated) of a phase with these transients."""
+    return SLACK_FIXED_GIB + SLACK_FRACTION * max(0.0, transient_gib)
+
+
+def device_unfit(device_gib: float, capacity_gib: float, headroom_gib: float, phase: str) -> str:
+    """One line with the numbers when `device_gib` + headroom exceeds the capacity, else ''."""
+    if device_gib + headroom_gib <= capacity_gib:
+        return ""
+    return (
+        f"device {device_gib:.1f} GiB in {phase} + headroom {headroom_gib:.1f} GiB > "
+        f"{capacity_gib:.1f} GiB"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The fit over measured rows
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryRow:
+    """One trial's predicted and measured memory, GiB per GPU (max over GPUs)."""
+
+    predicted_gib: float
+    """Predicted device total at the peak."""
+    capacity_gib: float
+    """The GPU's memory."""
+    oom: bool = False
+    """The trial ran out of device memory (its measures, if any, are ignored)."""
+    measured_device_gib: float | None = None
+    """Device memory in use at the peak (total - free), where the runner recorded it."""
+    measured_reserved_gib: float | None = None
+    """PyTorch's reserved peak."""
+    measured_allocated_gib: float | None = None
+    """PyTorch's allocated peak."""
+    predicted_outside_gib: float = 0.0
+    """Predicted device - reserved (CUDA context, NCCL): added to a reserved measure."""
+    predicted_slack_gib: float = 0.0
+    """Predicted reserved - allocated: added, with the outside part, to an allocated measure."""
+
+    def __post_init__(self) -> None:
+        if not (self.predicted_gib > 0 and self.capacity_gib > 0):
+            raise ValueError(
+                f"predicted ({self.predicted_gib}) and capacity ({self.capacity_gib}) GiB must "
+                "be positive: pass the cost model's device total and the GPU's memory"
+            )
+
+    @property
+    def measured_gib(self) -> float | None:
+        """The device total as measured, or as far as the row tells: reserved plus the
+        predicted outside part, else allocated plus the predicted slack and outside part."""
+        if self.oom:
+            return None
+        if self.measured_device_gib is not None:
+            return self.measured_device_gib
+        if self.measured_reserved_gib is not None:
+            return self.measured_reserved_gib + self.predicted_outside_gib
+        if self.measured_allocated_gib is not None:
+            return (
+                self.measured_allocated_gib + self.predicted_slack_gib + self.predicted_outside_gib
+            )
+        return None
+
+    @property
+    def level(self) -> str:
+        """Which measure `measured_gib` rests on: device, reserved, allocated or none."""
+        for name in ("device", "reserved", "allocated"):
+            if getattr(self, f"measured_{name}_gib") is not None:
+                return name
+        return "none"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryFit:
+    """measured ~= scale * predicted + offset; prune when corrected + headroom > capacity."""
+
+    scale: float
+    """Multiplicative correction of the predicted device total."""
+    offset_gib: float
+    """Additive correction, GiB."""
+    headroom_gib: float
+    """Kept free below the capacity: the largest under-prediction left after the correction,
+    plus HEADROOM_MARGIN_GIB, at least MIN_HEADROOM_GIB, and enough that every OOM row is
+    predicted unfit."""
+    ok_rows: int
+    """Rows with a measure that the fit used."""
+    oom_rows: int
+    median_abs_error: float
+    """Median |corrected - measured| / measured over the ok rows, a fraction."""
+    max_under_gib: float
+    """Largest measured - corrected over the ok rows (GiB; negative if all over-predicted)."""
+    conflict: str = ""
+    """Non-empty when no headroom separates the ok rows from the OOM rows (says which)."""
+
+    def corrected_gib(self, predicted_gib: float) -> float:
+        return self.scale * predicted_gib + self.offset_gib
+
+
+def _theil_sen(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    slopes = [
+        (ys[j] - ys[i]) / (xs[j] - xs[i])
+        for i in range(len(xs))
+        for j in range(i + 1, len(xs))
+        if xs[j] != xs[i]
+    ]
+    slope = statistics.median(slopes)
+    offset = statistics.median(y - slope * x for x, y in zip(xs, ys, strict=True))
+    return slope, offset
+
+
+def fit_memory(
+    rows: Iterable[MemoryRow],
+    *,
+    fit_scale: bool = True,
+    fit_offset: bool = True,
+    min_spread: float = 0.25,
+) -> MemoryFit:
+    """Correction and headroom from measured rows (ok rows with a measure, and OOM rows).
+
+    With `fit_offset` and predictions spread over at least `min_spread` (relative range), a
+    Theil-Sen line (median of pairwise slopes: robust to one odd row); else a scale alone (the
+    median of measured/predicted); with neither, the raw model. The headroom is what the
+    corrected model still under-predicts, plus a margin, at least MIN_HEADROOM_GIB; an OOM row
+    whose corrected prediction + headroom would fit raises it just past fitting, unless that
+    would prune an ok row (then `conflict` says so and the ok rows win)."""
+    rs = list(rows)
+    ok = [(r.predicted_gib, m) for r in rs if not r.oom and (m := r.measured_gib) is not None]
+    oom = [r for r in rs if r.oom]
+    scale, offset = 1.0, 0.0
+    if ok and fit_scale:
+        xs = [p for p, _ in ok]
+        ys = [m for _, m in ok]
+        spread = (max(xs) - min(xs)) / max(xs)
+        if fit_offset and len(ok) >= 3 and spread >= min_spread:
+            scale, offset = _theil_sen(xs, ys)
+            if scale <= 0:
+                scale, offset = statistics.median(y / x for x, y in ok), 0.0
+        else:
+            scale = statistics.median(y / x for x, y in ok)
+    under = [m - (scale * p + offset) for p, m in ok]
+    max_under = max(under) if under else 0.0
+    headroom = max(MIN_HEADROOM_GIB, max_under + HEADROOM_MARGIN_GIB)
+    conflict = ""
+    ok_rows_cap = [(r, scale * r.predicted_gib + offset) for r in rs if not r.oom]
+    for r in oom:
+        need = r.capacity_gib - (scale * r.predicted_gib + offset) + 0.05
+        if need > headroom:
+            blocked = [
+                f"{c:.1f}"
+                for o, c in ok_rows_cap
+                if o.measured_gib is not None and c + need > o.capacity_gib
+            ]
+            if blocked:
+                conflict = (
+                    f"an OOM at corrected {scale * r.predicted_gib + offset:.1f} GiB needs "
+                    f"headroom {need:.1f} GiB, which would prune ok rows at {', '.join(blocked)} GiB"
+                )
+                continue
+            headroom = need
+    errs = [abs(scale * p + offset - m) / m for p, m in ok]
+    return MemoryFit(
+        scale=scale,
+        offset_gib=offset,
+        headroom_gib=headroom,
+        ok_rows=len(ok),
+        oom_rows=len(oom),
+        median_abs_error=statistics.median(errs) if errs else 0.0,
+        max_under_gib=max_under,
+        conflict=conflict,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The study's guard
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryObservation:
+    """One finished trial as the memory guard sees it."""
+
+    predicted_gib: float
+    """The device total the model predicted for it (raw, before any correction)."""
+    measured_gib: float | None
+    """Its measured device total (or the best measure there is); None when not measured."""
+    oom: bool
+    """It ran out of device memory."""
+
+
+class MemoryGuard:
+    """What a study learns about memory from its own trials, and what it then prunes.
+
+    A multiplicative correction `scale` = the median of measured/predicted over the trials that
+    ran (bounded by SCALE_BOUNDS; 1 before any). An OOM at raw prediction P makes every candidate
+    whose corrected prediction is >= corrected(P) - OOM_MARGIN_GIB unfit for the rest of the
+    study; every candidate whose corrected prediction + headroom exceeds the capacity is unfit."""
+
+    def __init__(self, capacity_gib: float, headroom_gib: float | None = None) -> None:
+        if not capacity_gib > 0:
+            raise ValueError(f"capacity_gib must be positive, got {capacity_gib}")
+        if headroom_gib is not None and not (0 <= headroom_gib < capacity_gib):
+            raise ValueError(
+                f"headroom_gib must lie in [0, capacity {capacity_gib}), got {headroom_gib}"
+            )
+        self.capacity_gib = float(capacity_gib)
+        self._headroom = DEFAULT_HEADROOM_GIB if headroom_gib is None else float(headroom_gib)
+        self._ratios: list[float] = []
+        self._oom_raw: list[float] = []
+
+    @property
+    def headroom_gib(self) -> float:
+        """GiB kept free below the capacity (the study's, else DEFAULT_HEADROOM_GIB)."""
+        return self._headroom
+
+    @property
+    def scale(self) -> float:
+        """The current correction, measured/predicted."""
+        if not self._ratios:
+            return 1.0
+        lo, hi = SCALE_BOUNDS
+        return min(hi, max(lo, statistics.median(self._ratios)))
+
+    @property
+    def oom_ceiling_gib(self) -> float:
+        """Corrected prediction from which candidates are unfit after an OOM (inf if none)."""
+        if not self._oom_raw:
+            return math.inf
+        return self.corrected_gib(min(self._oom_raw)) - OOM_MARGIN_GIB
+
+    def observe(self, obs: MemoryObservation) -> None:
+        """Learn from one finished trial (ignored when it has neither a measure nor an OOM)."""
+        p = obs.predicted_gib
+        if not (math.isfinite(p) and p > 0):
+            return
+        if obs.oom:
+            self._oom_raw.append(p)
+        elif obs.measured_gib is not None and math.isfinite(obs.measured_gib):
+            if obs.measured_gib > 0:
+                self._ratios.append(obs.measured_gib / p)
+
+    def corrected_gib(self, predicted_gib: float) -> float:
+        """The prediction after what the study learned."""
+        return self.scale * predicted_gib
+
+    def unfit(self, predicted_gib: float) -> str:
+        """'' when a candidate predicted at `predicted_gib` may launch; else why not, one line."""
+        c = self.corrected_gib(predicted_gib)
+        ceiling = self.oom_ceiling_gib
+        if c >= ceiling:
+            return (
+                f"device {c:.1f} GiB (corrected x{self.scale:.2f}) >= {ceiling:.1f} GiB, "
+                f"{OOM_MARGIN_GIB:.1f} GiB below a trial that ran out of memory"
+            )
+        if c + self._headroom > self.capacity_gib:
+            return (
+                f"device {c:.1f} GiB (corrected x{self.scale:.2f}) + headroom "
+                f"{self._headroom:.1f} GiB > {self.capacity_gib:.1f} GiB"
+            )
+        return ""

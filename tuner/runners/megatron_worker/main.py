@@ -1,0 +1,190 @@
+"""The entry point: one trial (`--spec`/`--out`) or a pool serving many (`--pool DIR`).
+
+Every failure becomes a result file: the first rank that fails writes it (exclusive), with the
+phase, and on OOM what was allocated/reserved/device-used at the failure, then exits at once
+(other ranks may wait in a collective for it: torchrun, or the runner, ends them). A pool thus
+ends after a failed trial; the runner starts a fresh one for the next trial."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner.runners.megatron_worker.log import log
+from tuner.runners.megatron_worker.protocol import mark_done, mark_ready, wait_request
+from tuner.runners.megatron_worker.result import WorkerResult, is_oom, one_line, write_json_atomic
+from tuner.runners.megatron_worker.spec import load_spec
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m tuner.runners.megatron_worker")
+    ap.add_argument("--spec", type=Path, help="spec.json (schema 2): run this one trial")
+    ap.add_argument("--out", type=Path, help="result.json to write (rank 0)")
+    ap.add_argument("--progress", default="", help="file to append a line per measured step")
+    ap.add_argument("--abandon", default="", help="stop the trial once this file exists")
+    ap.add_argument("--pool", type=Path, help="serve trials requested in this folder")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if (args.pool is None) == (args.spec is None):
+        print("give either --pool DIR or --spec FILE --out FILE", file=sys.stderr)
+        return 2
+    if args.spec is not None and args.out is None:
+        print("--spec needs --out", file=sys.stderr)
+        return 2
+    t_start = time.monotonic()
+    if args.pool is not None:
+        return _serve(args.pool)
+    return _one(args.spec, args.out, args.progress, args.abandon, t_start)
+
+
+class _Ctx:
+    """What stays up between trials: the process group, the kernels chosen, the meter."""
+
+    def __init__(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+        from tuner.runners.megatron_worker.attention import choose_attention
+        from tuner.runners.megatron_worker.memory import MemoryMeter
+
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.attn = choose_attention()
+        self.experts: dict[bool, tuple[Any, str]] = {}
+        self.meter = MemoryMeter()
+        self.meter.start()
+
+    def experts_for(self, moe: bool) -> tuple[Any, str]:
+        if moe not in self.experts:
+            from tuner.runners.megatron_worker.experts import choose_experts
+
+            self.experts[moe] = choose_experts() if moe else (None, "")
+        return self.experts[moe]
+
+
+def _trial(ctx: _Ctx | None, spec_path: Path, out: Path, files: Any, t0: float, phase: Any) -> _Ctx:
+    from tuner.runners.megatron_worker.trial import run_trial
+
+    spec = load_spec(spec_path)
+    if ctx is None:
+        ctx = _Ctx()
+    result = run_trial(
+        spec,
+        phase=phase,
+        meter=ctx.meter,
+        files=files,
+        t_handover=t0,
+        attn=ctx.attn,
+        experts=ctx.experts_for(spec.model.is_moe),
+    )
+    if ctx.rank == 0:
+        write_json_atomic(out, result.to_dict())
+        log(
+            f"{result.status} step {result.step_s or 0:.3f}s tokens/s/gpu "
+            f"{result.tokens_per_s_per_gpu or 0:.0f} launch {result.launch_s or 0:.1f}s "
+            f"measured {result.measured_s or 0:.1f}s peak alloc/resv/device "
+            f"{result.peak_mem_allocated_gib or 0:.1f}/{result.peak_mem_reserved_gib or 0:.1f}/"
+            f"{result.peak_mem_device_gib or 0:.1f} GiB"
+        )
+    return ctx
+
+
+def _fail(e: BaseException, out: Path, phase: Any, ctx: _Ctx | None) -> None:
+    """Write the failure (first rank wins) and end the process now."""
+    status = "oom" if is_oom(e) else "failed"
+    if not isinstance(e, ValueError) or status == "oom":
+        traceback.print_exc()
+    log(f"{status} in {phase.name}: {one_line(e)}")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    res = WorkerResult(status=status, phase=phase.name, reason=one_line(e), world_size=world)
+    if ctx is not None:
+        res.mem_at_failure = ctx.meter.snapshot_gib()
+    res.extra["failed_rank"] = int(os.environ.get("RANK", "0"))
+    write_json_atomic(out, res.to_dict(), exclusive=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1 if status == "failed" else 3)
+
+
+def _one(spec_path: Path, out: Path, progress: str, abandon: str, t0: float) -> int:
+    from tuner.runners.megatron_worker.trial import Files, Phase
+
+    phase = Phase()
+    ctx = None
+    try:
+        ctx = _trial(ctx, spec_path, out, Files(progress, abandon), t0, phase)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 (every failure must become a result)
+        _fail(e, out, phase, ctx)
+    _shutdown()
+    return 0
+
+
+def _serve(pool: Path) -> int:
+    """Run requested trials until an exit request (see protocol.py)."""
+    from tuner.runners.megatron_worker import model as mdl
+    from tuner.runners.megatron_worker.trial import Files, Phase
+
+    pool.mkdir(parents=True, exist_ok=True)
+    phase = Phase()
+    ctx = _Ctx()
+    if ctx.rank == 0:
+        mark_ready(pool, ctx.world)
+    log(f"pool up: world={ctx.world} attention={ctx.attn.name}")
+    seq = 1
+    while True:
+        req = wait_request(pool, seq)
+        assert req is not None
+        if req["cmd"] == "exit":
+            break
+        out = Path(req["out"])
+        t0 = time.monotonic()
+        try:
+            _trial(
+                ctx,
+                Path(req["spec"]),
+                out,
+                Files(req.get("progress", ""), req.get("abandon", "")),
+                t0,
+                phase,
+            )
+            phase.name = "teardown"
+            import torch.distributed as dist
+
+            dist.barrier()
+            mdl.teardown_parallel()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 (every failure must become a result)
+            _fail(e, out, phase, ctx)
+        if ctx.rank == 0:
+            mark_done(pool, seq)
+        seq += 1
+    if ctx.rank == 0:
+        mark_done(pool, seq)
+    ctx.meter.stop()
+    _shutdown()
+    return 0
+
+
+def _shutdown() -> None:
+    with contextlib.suppress(Exception):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()

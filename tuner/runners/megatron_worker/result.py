@@ -1,0 +1,176 @@
+"""result.json (schema 2), the FLOPs count behind MFU, and how failures are told apart.
+
+Pure Python: the runner reads results with `parse_result` on a machine with no torch."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.models import ModelSpec
+
+SCHEMA = 2
+STATUSES = ("ok", "oom", "failed", "abandoned")
+"""abandoned: the runner asked the worker to stop the trial (early stop)."""
+RESULT_PHASES = ("init", "build", "warmup", "old_log_prob", "update_actor", "teardown")
+
+FLOPS_FORMULA = (
+    "update 6*N_active*T + 6*L*a*d*sum(s_i^2), old_log_prob a third of that (forward only); "
+    "N_active = matmul weights one token passes through (L*(h*(a*d+2*g*d) + a*d*h + mlp) + h*V, "
+    "mlp = 3*h*ffn dense or k*3*h*ffn_e + h*E MoE), T = tokens, s_i = sample lengths (causal), "
+    "no recompute counted"
+)
+
+
+def active_matmul_params(m: ModelSpec) -> int:
+    """Weights of the matrix products one token passes through (biases, norms and the
+    embedding lookup excluded; the output layer included)."""
+    q = m.num_attention_heads * m.head_dim
+    kv = m.num_kv_heads * m.head_dim
+    attn = m.hidden_size * (q + 2 * kv) + q * m.hidden_size
+    if m.is_moe:
+        mlp = m.moe_topk * 3 * m.hidden_size * m.moe_ffn_hidden_size + m.hidden_size * m.num_experts
+    else:
+        mlp = 3 * m.hidden_size * m.ffn_hidden_size
+    return m.num_layers * (attn + mlp) + m.hidden_size * m.vocab_size
+
+
+def model_flops(
+    m: ModelSpec, sequence_lengths: Sequence[int], *, forward_only: bool = False
+) -> float:
+    """FLOPs of one pass over `sequence_lengths`: forward + backward (3 x forward), or the
+    forward alone (FLOPS_FORMULA)."""
+    tokens = sum(sequence_lengths)
+    sq = sum(s * s for s in sequence_lengths)
+    q = m.num_attention_heads * m.head_dim
+    full = 6.0 * active_matmul_params(m) * tokens + 6.0 * m.num_layers * q * sq
+    return full / 3.0 if forward_only else full
+
+
+def peak_bf16_tflops(device_name: str) -> float | None:
+    """Dense bf16 peak of the GPU named `device_name` (torch.cuda.get_device_name), from
+    tuner.hardware's table; the longest matching name wins (h200 before h20)."""
+    from tuner.hardware import GPUS
+
+    name = device_name.lower()
+    hits = [g for key, g in GPUS.items() if key in name]
+    if not hits:
+        return None
+    return max(hits, key=lambda g: len(g.name)).bf16_tflops
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkerResult:
+    """result.json. Times in seconds, memory in GiB (max over ranks)."""
+
+    status: str
+    phase: str
+    """Where it ended (ok: the last phase run; failure: where it failed)."""
+    reason: str = ""
+    old_log_prob_s: float | None = None
+    """old_log_prob forward of the step, the median measured step's."""
+    update_actor_s: float | None = None
+    """Actor update of the step (the mini-batches run), the median measured step's."""
+    step_s: float | None = None
+    """old_log_prob_s + update_actor_s."""
+    step_times_s: list[float] = field(default_factory=list)
+    """Every measured step, both phases."""
+    tokens: int = 0
+    tokens_per_s_per_gpu: float | None = None
+    """tokens / step_s / world."""
+    mfu_pct: float | None = None
+    flops_formula: str = FLOPS_FORMULA
+    model_tflops_per_step: float | None = None
+    peak_mem_allocated_gib: float | None = None
+    peak_mem_reserved_gib: float | None = None
+    peak_mem_device_gib: float | None = None
+    """Device used (total - free, CUDA context, NCCL and fragmentation included)."""
+    mem_at_failure: dict[str, float] = field(default_factory=dict)
+    """On OOM: allocated/reserved/device GiB on the failing rank when it failed."""
+    launch_s: float | None = None
+    """Hand-over (process start or pool request) to the first measured step."""
+    measured_s: float | None = None
+    """Wall time in measured steps."""
+    num_micro_batches: int = 0
+    versions: dict[str, str] = field(default_factory=dict)
+    gpu: str = ""
+    world_size: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Worker details: init_s, build_s, attention, experts, max_micro_batch_tokens, ..."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+
+def parse_result(data: str | bytes | Mapping[str, Any]) -> WorkerResult:
+    """A WorkerResult from result.json's text (or parsed object); raises ValueError if it is
+    not a schema-2 result."""
+    d = json.loads(data) if isinstance(data, (str, bytes)) else data
+    if not isinstance(d, Mapping):
+        raise ValueError("result is not a JSON object")
+    if d.get("schema") != SCHEMA:
+        raise ValueError(f"result schema {d.get('schema')!r} is not {SCHEMA}")
+    if d.get("status") not in STATUSES:
+        raise ValueError(f"result status {d.get('status')!r} is not one of {STATUSES}")
+    if d.get("phase") not in RESULT_PHASES:
+        raise ValueError(f"result phase {d.get('phase')!r} is not one of {RESULT_PHASES}")
+    known = set(WorkerResult.__dataclass_fields__)
+    r = WorkerResult(**{k: v for k, v in d.items() if k in known})
+    if r.status == "ok":
+        for k in ("step_s", "tokens_per_s_per_gpu", "peak_mem_allocated_gib"):
+            v = getattr(r, k)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise ValueError(f"ok result lacks a finite {k}")
+    return r
+
+
+def write_json_atomic(path: str | Path, obj: Mapping[str, Any], *, exclusive: bool = False) -> bool:
+    """Write `obj` to `path` through a temp file in the same folder. With `exclusive`, keep an
+    existing file (the first failure wins) and return False."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+        if exclusive:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            return True
+        os.replace(tmp, path)
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+OOM_TEXTS = (
+    "CUDA out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "NCCL error: unhandled cuda error",
+    "cudaErrorMemoryAllocation",
+    "out of memory",
+)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """CUDA out-of-memory, however it surfaced (torch's error, cuBLAS or NCCL allocation)."""
+    if type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc)
+    return any(s in text for s in OOM_TEXTS)
+
+
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:limit]

@@ -1,0 +1,340 @@
+"""One trial on GPUs whose process group is up: build, run the measured phases, tear down.
+
+Per step, as verl's trainer does: old_log_prob (forward only, no grad, the whole step's samples
+in micro-batches by `log_prob_max_token_len_per_gpu` with dynamic batching, else
+`log_prob_micro_batch_size_per_gpu`), then update_actor (one optimizer step per mini-batch,
+micro-batches by `ppo_max_token_len_per_gpu` or `ppo_micro_batch_size_per_gpu`). Samples are
+placed by `tuner.runners.batching` (verl's DP balancing); each micro-batch is one packed (THD)
+sequence with `PackedSeqParams` through megatron's pipeline schedule with variable sequence
+lengths (see `pipeline.py` for the p2p settings that make interleaving work).
+
+`warmup_steps + steps` steps run; the reported phase times are those of the median measured
+step. launch_s counts from `t_handover` (process start or pool request) to the first measured
+step; measured_s is the wall time of the measured steps."""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.runners.batching import BatchPlan, plan_step
+from tuner.runners.megatron_worker.log import cumsum, log
+from tuner.runners.megatron_worker.protocol import Progress, append_progress
+from tuner.runners.megatron_worker.result import (
+    FLOPS_FORMULA,
+    WorkerResult,
+    model_flops,
+    peak_bf16_tflops,
+)
+from tuner.runners.megatron_worker.spec import WorkerSpec
+
+
+class Phase:
+    """Where the trial is (a failure is reported with it)."""
+
+    name = "init"
+
+
+@dataclass(frozen=True, slots=True)
+class Files:
+    """Where a trial reports to (empty path: not used)."""
+
+    progress: str = ""
+    abandon: str = ""
+
+
+def plan_phase(spec: WorkerSpec, phase: str, dp: int) -> BatchPlan:
+    b = spec.batch
+    mini, budget, mbs = b.phase_batching(phase)
+    return plan_step(
+        b.sequence_lengths,
+        dp=dp,
+        mini_batch_size=mini,
+        use_dynamic_bsz=b.use_dynamic_bsz,
+        max_token_len_per_gpu=budget,
+        micro_batch_size_per_gpu=mbs,
+        cp=spec.layout.cp,
+        micro_batch_multiple=spec.micro_batch_multiple,
+    )
+
+
+def make_inputs(spec: WorkerSpec, plan: BatchPlan, dp_rank: int, vocab: int, meter: Any) -> list:
+    """Per mini-batch, this rank's packed micro-batches on the GPU (made once, reused)."""
+    import torch
+    from megatron.core import parallel_state as mpu
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(spec.seed * 1000 + dp_rank)
+    cp_group = mpu.get_context_parallel_group()
+    minis = []
+    for m in range(plan.num_mini_batches):
+        mbs = []
+        for lens in plan.rank_micro_lengths(m, dp_rank):
+            t = sum(lens)
+            cu = torch.tensor([0, *cumsum(lens)], dtype=torch.int32, device="cuda")
+            psp = PackedSeqParams(
+                qkv_format="thd",
+                cu_seqlens_q=cu,
+                cu_seqlens_kv=cu,
+                max_seqlen_q=max(lens),
+                max_seqlen_kv=max(lens),
+                cp_group=cp_group,
+            )
+            mbs.append(
+                {
+                    "ids": torch.randint(0, vocab, (1, t), generator=gen, device="cuda"),
+                    "labels": torch.randint(0, vocab, (1, t), generator=gen, device="cuda"),
+                    "pos": torch.cat([torch.arange(s, device="cuda") for s in lens]).unsqueeze(0),
+                    "psp": psp,
+                    "tokens": t,
+                    "meter": meter,
+                }
+            )
+        minis.append(mbs)
+    return minis
+
+
+def run_trial(
+    spec: WorkerSpec,
+    *,
+    phase: Phase,
+    meter: Any,
+    files: Files,
+    t_handover: float,
+    attn: Any,
+    experts: tuple[type | None, str],
+) -> WorkerResult:
+    """Build, measure and free one trial; raises on failure (the caller reports it)."""
+    import torch
+    import torch.distributed as dist
+
+    from tuner.runners.megatron_worker import model as mdl
+    from tuner.runners.megatron_worker.attention import core_attention_class
+    from tuner.runners.megatron_worker.logprob import patch_fused
+    from tuner.runners.megatron_worker.offload import Offloader
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    lay = spec.layout
+    if lay.world != world:
+        raise ValueError(f"the spec's layout is for {lay.world} GPUs, this worker has {world}")
+    meter.reset()
+    phase.name = "init"
+    t0 = time.monotonic()
+    mdl.init_parallel(spec)
+    from megatron.core import parallel_state as mpu
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    state: dict[str, Any] = {}
+    try:
+        init_s = time.monotonic() - t0
+        phase.name = "build"
+        t0 = time.monotonic()
+        model, optimizer, _cfg, vocab = mdl.build(spec, core_attention_class(attn), experts[0])
+        state.update(model=model, optimizer=optimizer)
+        if spec.use_fused_kernels:
+            patch_fused(model)
+        dp_rank = mpu.get_data_parallel_rank()
+        plans = {p: plan_phase(spec, p, lay.dp) for p in spec.phases}
+        inputs = {p: make_inputs(spec, plans[p], dp_rank, vocab, meter) for p in spec.phases}
+        state["inputs"] = inputs
+        build_s = time.monotonic() - t0
+        n_params = sum(p.numel() for c in model for p in c.parameters())
+        log(
+            f"build {build_s:.1f}s local params={n_params / 1e9:.3f}B micro-batches "
+            + " ".join(f"{p}={plans[p].num_micro_batches}" for p in spec.phases)
+        )
+        fb = get_forward_backward_func()
+        offloader = Offloader(model, optimizer, spec.offload)
+        state["offloader"] = offloader
+
+        def run_phase(name: str) -> float:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            if name == "old_log_prob":
+                offloader.load()
+                with torch.no_grad():
+                    for mb in inputs[name]:
+                        _schedule(fb, model, mb, spec, forward_only=True, entropy=True)
+            else:
+                offloader.load()
+                for mb in inputs[name]:
+                    optimizer.zero_grad()
+                    for chunk in model:
+                        chunk.zero_grad_buffer()
+                    _schedule(fb, model, mb, spec, forward_only=False, entropy=False)
+                    optimizer.step()
+                offloader.offload()
+            torch.cuda.synchronize()
+            meter.sample()
+            return time.perf_counter() - t
+
+        tokens = plans[spec.phases[0]].total_tokens
+        steps: list[dict[str, float]] = []
+        launch_s = measured_s = 0.0
+        t_measure = 0.0
+        abandoned = False
+        for step in range(spec.warmup_steps + spec.steps):
+            measured = step >= spec.warmup_steps
+            dist.barrier()
+            if measured and step == spec.warmup_steps:
+                launch_s = time.monotonic() - t_handover
+                t_measure = time.monotonic()
+            times = {}
+            for p in spec.phases:
+                phase.name = p if measured else "warmup"
+                times[p] = run_phase(p)
+            log(
+                f"{'step' if measured else 'warmup'} {step} "
+                + " ".join(f"{p}={s:.3f}s" for p, s in times.items())
+            )
+            if not measured:
+                continue
+            steps.append(times)
+            if rank == 0 and files.progress:
+                append_progress(
+                    files.progress,
+                    Progress(
+                        step=step - spec.warmup_steps,
+                        seconds=sum(times.values()),
+                        tokens=tokens,
+                        old_log_prob_s=times.get("old_log_prob", 0.0),
+                        update_actor_s=times.get("update_actor", 0.0),
+                    ),
+                )
+            if files.abandon:
+                flag = torch.tensor([1.0 if Path(files.abandon).exists() else 0.0], device="cuda")
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                if flag.item() > 0:
+                    abandoned = True
+                    break
+        measured_s = time.monotonic() - t_measure if t_measure else 0.0
+        phase.name = spec.phases[-1]
+        return _result(
+            spec,
+            steps,
+            plans,
+            tokens,
+            meter,
+            world,
+            abandoned=abandoned,
+            extra={
+                "init_s": round(init_s, 2),
+                "build_s": round(build_s, 2),
+                "attention": attn.name,
+                "experts": experts[1],
+                "dp": lay.dp,
+                "padded_vocab_size": vocab,
+                "fused_kernels": spec.use_fused_kernels,
+                "memory_source": meter.source,
+                "local_params": n_params,
+                **{f"{p}_max_micro_batch_tokens": plans[p].max_micro_tokens() for p in plans},
+                **{f"{p}_token_budget": plans[p].token_budget for p in plans},
+                "update_micro_batches_per_mini_batch": plans[spec.phases[-1]].micro_batch_counts(),
+            },
+            launch_s=launch_s,
+            measured_s=measured_s,
+        )
+    finally:
+        state.clear()
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _schedule(
+    fb: Any, model: list, mbs: list, spec: WorkerSpec, *, forward_only: bool, entropy: bool
+) -> None:
+    from functools import partial
+
+    from tuner.runners.megatron_worker.logprob import forward_step
+
+    iters: Any = [iter(mbs) for _ in model] if len(model) > 1 else iter(mbs)
+    fb(
+        forward_step_func=partial(forward_step, spec.use_fused_kernels, entropy),
+        data_iterator=iters,
+        model=model,
+        num_microbatches=len(mbs),
+        seq_length=1,  # shapes go through p2p (variable_seq_lengths), as verl passes it
+        micro_batch_size=1,
+        forward_only=forward_only,
+    )
+
+
+def _result(
+    spec: WorkerSpec,
+    steps: list[dict[str, float]],
+    plans: dict[str, BatchPlan],
+    tokens: int,
+    meter: Any,
+    world: int,
+    *,
+    abandoned: bool,
+    extra: dict[str, Any],
+    launch_s: float,
+    measured_s: float,
+) -> WorkerResult:
+    """Max over ranks of every step time and memory peak; the median measured step."""
+    import torch
+    import torch.distributed as dist
+
+    phases = spec.phases
+    flat = [s[p] for s in steps for p in phases]
+    peaks = list(meter.peaks_gib())
+    stats = torch.tensor(flat + peaks, dtype=torch.float64, device="cuda")
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    vals = stats.tolist()
+    flat, (alloc, resv, dev) = vals[: len(flat)], vals[len(flat) :]
+    per_step = [
+        dict(zip(phases, flat[i : i + len(phases)], strict=True))
+        for i in range(0, len(flat), len(phases))
+    ]
+    gpu = torch.cuda.get_device_name()
+    import megatron.core
+
+    base = WorkerResult(
+        status="abandoned" if abandoned else "ok",
+        phase=phases[-1],
+        step_times_s=[round(sum(s.values()), 4) for s in per_step],
+        tokens=tokens,
+        peak_mem_allocated_gib=alloc,
+        peak_mem_reserved_gib=resv,
+        peak_mem_device_gib=dev,
+        launch_s=launch_s,
+        measured_s=measured_s,
+        num_micro_batches=sum(plans[p].num_micro_batches for p in phases),
+        versions=_versions(megatron.core),
+        gpu=gpu,
+        world_size=world,
+        extra=extra,
+    )
+    if not per_step:
+        return base
+    med = sorted(per_step, key=lambda s: sum(s.values()))[(len(per_step) - 1) // 2]
+    step_s = sum(med.values())
+    flops = sum(
+        model_flops(spec.model, plans[p].sequence_lengths, forward_only=p == "old_log_prob")
+        for p in phases
+    )
+    peak = peak_bf16_tflops(gpu)
+    base.old_log_prob_s = med.get("old_log_prob")
+    base.update_actor_s = med.get("update_actor")
+    base.step_s = step_s
+    base.tokens_per_s_per_gpu = tokens / step_s / world
+    base.mfu_pct = 100.0 * flops / (step_s * world * peak * 1e12) if peak else None
+    base.model_tflops_per_step = flops / 1e12
+    base.flops_formula = f"{FLOPS_FORMULA}; peak {peak} TFLOP/s bf16 per GPU"
+    return base
+
+
+def _versions(mcore: Any) -> dict[str, str]:
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "megatron_core": getattr(getattr(mcore, "package_info", None), "__version__", "")
+        or getattr(mcore, "__version__", ""),
+        "cuda": str(torch.version.cuda),
+    }
