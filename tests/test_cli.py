@@ -62,7 +62,8 @@ def test_run_show_export(workdir: Path, capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("tune: no GPU here: using the estimator")
     csv_path = workdir / "results" / "qwen2.5-7b-h100x8-estimate.csv"
-    assert csv_path.exists() and len(read_raw(csv_path)) == 15
+    launched = [r for r in read_raw(csv_path) if not r["status"].startswith("pruned-")]
+    assert csv_path.exists() and len(launched) == 15  # candidates pruned before launch: not counted
 
     assert main(["show", str(csv_path), "--status", "ok", "--top", "3"]) == 0
     table = capsys.readouterr().out.splitlines()

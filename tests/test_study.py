@@ -83,14 +83,16 @@ def test_storage_holds_the_whole_record(workdir: Path) -> None:
 
 
 def test_pruned_rows_carry_the_reason_and_do_not_count(workdir: Path) -> None:
-    # 32B on 8 H100: many candidates cannot fit; they end PRUNED with the predicted peak
-    req = _request(workdir, model=REGISTRY["qwen2.5-32b"], model_arg="qwen2.5-32b", trials=6)
+    # 14B on 8 H100: most candidates cannot fit; they end PRUNED with the predicted peak
+    req = _request(
+        workdir, model=REGISTRY["qwen2.5-14b"], model_arg="qwen2.5-14b", trials=3, warm_start=False
+    )
     s = run_study(req)
     rows = read_raw(s.csv_path)
     pruned = [r for r in rows if r["status"] == "pruned-oom-predicted"]
     assert pruned and all(r["reason"].startswith("predicted ") for r in pruned)
     assert all(r["pred_fits"] == "False" for r in pruned)
-    assert len(_counted(rows)) == 6 and s.pruned_before_launch == len(pruned)
+    assert len(_counted(rows)) == 3 and s.pruned_before_launch == len(pruned)
     study = optuna.load_study(study_name=s.name, storage=req.storage_url)
     states = {t.number: t.state for t in study.trials}
     for r in pruned:

@@ -866,12 +866,18 @@ def _nlayers_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
 def _modules_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
     if d["recompute_granularity"] != "selective":
         return None
-    sets: tuple[str, ...] = (
-        RECOMPUTE_MODULE_SETS_MOE if s.model.is_moe else RECOMPUTE_MODULE_SETS_DENSE
+    # a fixed list per model (Optuna's categorical choices may not change between trials);
+    # moe_grouped_gemm, drawn after, follows it (moe_act needs the grouped GEMM)
+    return list(RECOMPUTE_MODULE_SETS_MOE if s.model.is_moe else RECOMPUTE_MODULE_SETS_DENSE)
+
+
+def _grouped_gemm_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    if not s.model.is_moe:
+        return None
+    needs = d.get("recompute_granularity") == "selective" and "moe_act" in str(
+        d.get("recompute_modules", "")
     )
-    if s.model.is_moe and not d.get("moe_grouped_gemm", True):
-        sets = tuple(x for x in sets if "moe_act" not in x)
-    return list(sets)
+    return [True] if needs else list(BOOLS)
 
 
 def _budget(factors: Sequence[float]) -> dict[str, Any]:
@@ -900,26 +906,30 @@ def _pow2(k: Any, *_: Any) -> int:
 
 
 def _rollout_dp_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    """log2 of the rollout DP sizes valid with the drawn rollout TP (an int range: Optuna lets
+    int ranges change between trials, not categorical lists)."""
     if not s.model.is_moe:
         return None
     rtp, cl = d["rollout_tp"], s.cluster
-    return [
-        x
-        for x in ROLLOUT_DP_CHOICES
-        if x == 1
-        or (
+    out = [0]
+    for k, x in enumerate(ROLLOUT_DP_CHOICES[1:], start=1):
+        ok = (
             cl.local_gpus % rtp == 0
             and cl.num_gpus % (rtp * x) == 0
             and (rtp * x) % min(cl.local_gpus, rtp * x) == 0
         )
-    ]
+        if not ok:
+            break
+        out.append(k)
+    return out
 
 
 def _rollout_ep_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    """Whether vLLM runs the experts expert-parallel (ep = tp * dp, verl's rule)."""
     if not s.model.is_moe:
         return None
-    g = d["rollout_tp"] * d["rollout_dp"]
-    return [1, g] if g > 1 and s.model.num_experts % g == 0 else [1]
+    g = d["rollout_tp"] * d.get("rollout_dp", 1)
+    return [False, True] if g > 1 and s.model.num_experts % g == 0 else [False]
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -1010,15 +1020,6 @@ KNOBS: tuple[Knob, ...] = (
         when=_moe,
     ),
     Knob(
-        name="moe_grouped_gemm",
-        help="MoE grouped GEMM",
-        verl_keys=_tf("moe_grouped_gemm"),
-        worker_arg="transformer.moe_grouped_gemm",
-        cost="time: _layout_lin per-expert GEMM launches when off",
-        choices=_moe_space(BOOLS),
-        when=_moe,
-    ),
-    Knob(
         name="moe_permute_fusion",
         help="MoE fused permute",
         verl_keys=_tf("moe_permute_fusion"),
@@ -1066,6 +1067,15 @@ KNOBS: tuple[Knob, ...] = (
         choices=_modules_choices,
         to_verl=lambda v: [x for x in str(v).split(",") if x],
         when=lambda c, m: c.recompute_granularity == "selective",
+    ),
+    Knob(
+        name="moe_grouped_gemm",
+        help="MoE grouped GEMM",
+        verl_keys=_tf("moe_grouped_gemm"),
+        worker_arg="transformer.moe_grouped_gemm",
+        cost="time: _layout_lin per-expert GEMM launches when off",
+        choices=_grouped_gemm_choices,
+        when=_moe,
     ),
     Knob(
         name="param_offload",
@@ -1208,14 +1218,21 @@ KNOBS: tuple[Knob, ...] = (
         help="vLLM data parallel inside a replica (MoE)",
         verl_keys=(f"{ROLLOUT}.data_parallel_size",),
         cost="time: _decode_step_s expert weights over tp*dp and their collectives",
+        param="rollout_dp_log2",
         choices=_rollout_dp_choices,
+        int_range=True,
+        decode=_pow2,
+        encode=_log2,
     ),
     Knob(
         name="rollout_ep",
         help="vLLM expert parallel (1 or tp*dp)",
         verl_keys=(f"{ROLLOUT}.expert_parallel_size",),
         cost="time: _decode_step_s all-to-all instead of expert-TP all-reduce",
+        param="rollout_expert_parallel",
         choices=_rollout_ep_choices,
+        decode=lambda on, s, d: d["rollout_tp"] * d.get("rollout_dp", 1) if on else 1,
+        encode=lambda v, s, d: v > 1,
     ),
     Knob(
         name="gpu_memory_utilization",

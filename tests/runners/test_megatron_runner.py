@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -21,22 +22,32 @@ from tuner.space import Candidate, ParallelLayout
 from tuner.workload import get_workload
 
 FAKE_WORKER = """
-import json, sys
+import json, sys, time
 args = sys.argv[1:]
 spec = json.load(open(args[args.index("--spec") + 1]))
 out = args[args.index("--out") + 1]
+progress = args[args.index("--progress") + 1]
 mode = {mode!r}
 print("fake worker", mode, flush=True)
 if mode == "ok":
-    r = {{"schema": 1, "status": "ok", "phase": "step", "step_s": 2.0,
-          "step_times_s": [2.1, 2.0, 2.0], "tokens": 1000, "tokens_per_s_per_gpu": 125.0,
+    r = {{"schema": 2, "status": "ok", "phase": "update_actor", "step_s": 3.0,
+          "old_log_prob_s": 1.0, "update_actor_s": 2.0,
+          "step_times_s": [3.1, 3.0, 3.0], "tokens": 1000, "tokens_per_s_per_gpu": 125.0,
           "mfu_pct": 30.0, "peak_mem_allocated_gib": 40.0, "peak_mem_reserved_gib": 44.0,
+          "peak_mem_device_gib": 47.5, "launch_s": 20.0, "measured_s": 9.1,
           "num_micro_batches": 6, "versions": {{"torch": "2.11", "megatron_core": "0.19.2"}},
           "gpu": "NVIDIA H100 80GB HBM3", "world_size": 8,
           "extra": {{"attention": "varlen_attn", "init_s": 9.0}}}}
 elif mode == "oom":
-    r = {{"schema": 1, "status": "oom", "phase": "warmup",
-          "reason": "OutOfMemoryError: CUDA out of memory. Tried to allocate 9 GiB"}}
+    r = {{"schema": 2, "status": "oom", "phase": "update_actor",
+          "reason": "OutOfMemoryError: CUDA out of memory. Tried to allocate 9 GiB",
+          "mem_at_failure": {{"allocated": 70.1, "reserved": 72.0, "device": 79.2}}}}
+elif mode == "slow":
+    for i in range(30):
+        with open(progress, "a") as f:
+            f.write(json.dumps({{"step": i, "seconds": 2.0, "tokens": 800,
+                                 "old_log_prob_s": 0.5, "update_actor_s": 1.5}}) + "\\n")
+        time.sleep(0.3)
 elif mode == "crash-oom":
     print("torch.OutOfMemoryError: CUDA out of memory.", flush=True)
     sys.exit(1)
@@ -54,7 +65,7 @@ def trial(tmp: Path, timeout_s: float = 60.0, **cand: object) -> TrialSpec:
     w = get_workload("dapo-math")
     cand.setdefault("ppo_max_token_len_per_gpu", 12288)
     c = Candidate(
-        layout=ParallelLayout(world=8, tp=2, pp=2, vpp=2, ep=4),
+        layout=ParallelLayout(world=8, pp=2, vpp=2, ep=4),
         **cand,  # type: ignore[arg-type]
     )
     return TrialSpec(
@@ -88,35 +99,44 @@ def test_worker_spec_follows_candidate_model_and_workload():
     d = worker_spec(t.candidate, t.model, t.workload, seed=5, mini_batches=2)
     s = WorkerSpec.from_dict(json.loads(json.dumps(d)))
     w = t.workload
-    assert s.layout.tp == 2 and s.layout.vpp == 2 and s.layout.ep == 4 and s.layout.dp(8) == 2
-    assert s.model.num_experts == t.model.num_experts
-    assert s.model.num_query_groups == t.model.num_kv_heads
+    assert s.layout == t.candidate.layout and s.layout.dp == 4
+    assert s.model == t.model
     assert s.batch.mini_batch_size == w.mini_batch_size * w.n
     assert len(s.batch.sequence_lengths) == 2 * w.mini_batch_size * w.n
     assert max(s.batch.sequence_lengths) <= w.max_seq_len
     assert s.recompute.granularity == "full" and s.recompute.num_layers == 1
+    assert s.phases == ("old_log_prob", "update_actor") and s.use_fused_kernels
     assert d["lengths"]["mini_batches_per_step"] == w.mini_batches_per_step
     assert d == worker_spec(t.candidate, t.model, t.workload, seed=5, mini_batches=2)
 
 
-def test_a_budget_below_the_longest_sample_fails_without_a_launch(tmp_path: Path):
+def test_refused_candidates_cost_no_launch(tmp_path: Path):
     def launch(*a, **k):
         raise AssertionError("must not launch")
 
     t = trial(tmp_path, ppo_max_token_len_per_gpu=4096)
     row = MegatronRunner(launch=launch).run(t)
-    assert row.status is Status.FAILED and "verl refuses it" in row.reason
+    assert row.status is Status.PRUNED_INVALID and "verl refuses it" in row.reason
+    moe_tp = dataclasses.replace(
+        t, candidate=dataclasses.replace(t.candidate, layout=ParallelLayout(world=8, tp=2, ep=4))
+    )
+    row = MegatronRunner(launch=launch).run(moe_tp)
+    assert row.status is Status.PRUNED_INVALID and "sequence parallel" in row.reason
 
 
-def test_ok_row_scales_the_update_to_the_whole_step(tmp_path: Path):
+def test_ok_row_has_both_phases_memory_three_ways_and_launch_time(tmp_path: Path):
     t = trial(tmp_path)
     row = fake_runner(tmp_path, "ok").run(t)
     assert row.status is Status.OK, row.reason
     per_step = t.workload.mini_batches_per_step
     assert row.update_actor_s == pytest.approx(2.0 * per_step / 2)
-    assert row.step_s is None
+    assert row.old_log_prob_s == 1.0
+    assert row.step_s is None and row.generation_s is None
+    assert row.backend.startswith("megatron-core: old_log_prob + update_actor")
     assert row.tokens_per_s_per_gpu == 125.0 and row.mfu_pct == 30.0
-    assert row.peak_mem_gib == 40.0 and row.peak_mem_reserved_gib == 44.0
+    assert (row.peak_mem_gib, row.peak_mem_reserved_gib, row.peak_mem_device_gib) == (
+        40.0, 44.0, 47.5)  # fmt: skip
+    assert row.launch_s == 20.0 and row.measured_s == 9.1
     assert row.hardware == "8x NVIDIA H100 80GB HBM3"
     assert "megatron_core=0.19.2" in row.versions
     assert row.extra["attention"] == "varlen_attn" and row.extra["mini_batches_run"] == 2
@@ -126,7 +146,8 @@ def test_ok_row_scales_the_update_to_the_whole_step(tmp_path: Path):
 
 def test_oom_result_and_oom_crash_are_oom_rows(tmp_path: Path):
     row = fake_runner(tmp_path, "oom").run(trial(tmp_path))
-    assert row.status is Status.OOM and row.reason.startswith("warmup: OutOfMemoryError")
+    assert row.status is Status.OOM and row.reason.startswith("update_actor: OutOfMemoryError")
+    assert row.extra["oom_device_gib"] == 79.2 and row.extra["oom_allocated_gib"] == 70.1
     row = fake_runner(tmp_path, "crash-oom").run(trial(tmp_path))
     assert row.status is Status.OOM and "CUDA out of memory" in row.reason
 
@@ -136,10 +157,25 @@ def test_a_hang_is_a_timeout_row(tmp_path: Path):
     assert row.status is Status.TIMEOUT
 
 
+def test_should_stop_prunes_a_slow_trial_with_its_partial_times(tmp_path: Path):
+    asked: list[tuple[int, float]] = []
+
+    def stop(step: int, tps: float) -> bool:
+        asked.append((step, tps))
+        return step >= 1
+
+    t = dataclasses.replace(trial(tmp_path, timeout_s=60), should_stop=stop)
+    row = fake_runner(tmp_path, "slow").run(t)
+    assert row.status is Status.PRUNED_SLOW
+    assert asked[:2] == [(0, 50.0), (1, 50.0)]  # 800 tokens / 2 s / 8 GPUs
+    assert row.tokens_per_s_per_gpu == 50.0 and row.old_log_prob_s == 0.5
+    assert row.extra["wall_s"] < 30
+
+
 def test_stale_result_is_not_read(tmp_path: Path):
     t = trial(tmp_path)
     t.trial_dir.mkdir(parents=True)
-    (t.trial_dir / "result.json").write_text('{"schema": 1, "status": "ok"}')
+    (t.trial_dir / "result.json").write_text('{"schema": 2, "status": "ok"}')
     row = fake_runner(tmp_path, "crash-oom").run(t)
     assert row.status is Status.OOM
 
@@ -155,12 +191,12 @@ def test_space_without_transformer_engine_has_no_cp_or_sp_and_pins_unmeasured_kn
     space = SearchSpace(model=m, cluster=cl, workload=get_workload("grpo-short"), limits=limits)
     assert all(lay.cp == 1 and lay.tp == 1 for lay in space.layouts.values())
     c = Candidate(layout=ParallelLayout.parse("ep8", 8), rollout_tp=2, use_fused_kernels=True)
-    assert {"rollout_tp", "use_fused_kernels", "gpu_memory_utilization"}.isdisjoint(
-        params_for(c, space)
-    )
+    params = params_for(c, space)
+    assert {"rollout_tp", "gpu_memory_utilization", "apply_rope_fusion"}.isdisjoint(params)
+    assert "use_fused_kernels" in params  # measured now
 
 
-def test_prediction_is_the_update_alone() -> None:
+def test_prediction_is_old_log_prob_and_update() -> None:
     m, w = get_model("qwen2.5-7b"), get_workload("grpo-short")
     cl = Cluster(gpu=get_gpu("h200"), num_gpus=2)
     c = Candidate(
@@ -176,5 +212,7 @@ def test_prediction_is_the_update_alone() -> None:
     assert p.peak_gib == pytest.approx(e.memory.update_peak_gib - e.memory.reference_gib)
     # vLLM's 90% share makes the whole step not fit; the update alone does
     assert not e.fits and not p.unfit
-    assert p.tokens_per_s_per_gpu == pytest.approx(e.tokens_per_step / e.update_actor_s / 2)
+    assert p.tokens_per_s_per_gpu == pytest.approx(
+        e.tokens_per_step / (e.update_actor_s + e.old_log_prob_s) / 2
+    )
     assert p.tokens_per_s_per_gpu > e.throughput_tokens_per_s_per_gpu

@@ -1,4 +1,5 @@
-"""The megatron worker's CPU side: spec parsing, result JSON, FLOPs, and its failure path."""
+"""The megatron worker's CPU side: spec parsing (schema 2), result JSON, FLOPs, the pipeline's
+shape exchange (the pp2 vpp2 mismatch), and its failure path as a real program."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from tuner.models import get_model
 from tuner.runners.megatron_worker import (
-    FLOPS_FORMULA,
-    ModelCfg,
     WorkerResult,
     WorkerSpec,
     active_matmul_params,
@@ -24,39 +25,33 @@ from tuner.runners.megatron_worker import (
     spec_to_dict,
     write_json_atomic,
 )
+from tuner.runners.megatron_worker.pipeline import exchange_shapes, p2p_settings, steady_state_calls
 
 REPO = Path(__file__).resolve().parents[2]
-
+TINY = {
+    "name": "tiny",
+    "num_layers": 4,
+    "hidden_size": 256,
+    "ffn_hidden_size": 512,
+    "num_attention_heads": 8,
+    "num_kv_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 1000,
+}
 SPEC = {
-    "schema": 1,
-    "model": {
-        "name": "tiny",
-        "num_layers": 4,
-        "hidden_size": 256,
-        "ffn_hidden_size": 512,
-        "num_attention_heads": 8,
-        "num_query_groups": 2,
-        "kv_channels": 32,
-        "vocab_size": 1000,
-        "num_experts": 0,
-        "moe_router_topk": 0,
-        "moe_ffn_hidden_size": 0,
-        "qkv_bias": False,
-        "tie_word_embeddings": False,
-    },
-    "layout": {"tp": 1, "pp": 2, "vpp": 2, "cp": 1, "ep": 1, "etp": 1, "sp": False},
-    "recompute": {"granularity": "none", "method": "uniform", "num_layers": 0},
-    "offload": {"param": False, "grad": False, "optimizer": False},
+    "schema": 2,
+    "model": TINY,
+    "layout": {"world": 4, "tp": 1, "pp": 2, "vpp": 2},
+    "recompute": {"granularity": "none"},
+    "offload": {"param": False, "optimizer": False},
     "batch": {
         "sequence_lengths": [100, 200, 300, 400],
         "mini_batch_size": 2,
         "use_dynamic_bsz": True,
         "max_token_len_per_gpu": 1024,
-        "micro_batch_size_per_gpu": 0,
+        "log_prob_max_token_len_per_gpu": 2048,
     },
-    "steps": 3,
-    "warmup_steps": 1,
-    "seed": 0,
+    "use_fused_kernels": True,
 }
 
 
@@ -70,33 +65,29 @@ def _spec(**patch: dict) -> dict:
     return d
 
 
-def test_spec_round_trips():
+def test_spec_round_trips_and_uses_the_project_types():
     s = WorkerSpec.from_dict(SPEC)
-    assert s.layout.vpp == 2 and s.batch.sequence_lengths == (100, 200, 300, 400)
-    assert s.micro_batch_multiple == 2
+    assert s.layout.vpp == 2 and s.layout.dp == 2 and s.model.num_kv_heads == 2
+    assert s.micro_batch_multiple == 2 and s.use_fused_kernels
+    assert s.phases == ("old_log_prob", "update_actor")
     assert WorkerSpec.from_dict(json.loads(json.dumps(spec_to_dict(s)))) == s
-    assert s.layout.dp(8) == 4
+    # old_log_prob: the whole step, its own budget; update: the mini-batch and the ppo budget
+    assert s.batch.phase_batching("old_log_prob") == (4, 2048, 0)
+    assert s.batch.phase_batching("update_actor") == (2, 1024, 0)
 
 
 @pytest.mark.parametrize(
-    ("patch", "message"),
+    "patch, message",
     [
-        ({"schema": 2}, "schema"),
-        ({"model": {"num_layers": 6}}, r"pp\(2\) \* vpp\(2\)"),
-        ({"model": {"num_query_groups": 3}}, "multiple of num_query_groups"),
-        ({"layout": {"tp": 4, "pp": 1, "vpp": 1}}, "tp .4. must divide"),
-        ({"layout": {"vpp": 2, "pp": 1}}, "needs pp > 1"),
-        ({"layout": {"sp": True}}, "sequence parallel needs tp > 1"),
-        ({"layout": {"ep": 2}}, "dense model"),
-        ({"model": {"num_experts": 8, "moe_router_topk": 9, "moe_ffn_hidden_size": 64}}, "topk"),
-        ({"recompute": {"granularity": "all"}}, "granularity"),
-        ({"recompute": {"granularity": "full", "num_layers": 0}}, "num_layers >= 1"),
-        ({"recompute": {"granularity": "full", "method": "uniform", "num_layers": 3}}, "divide"),
-        ({"batch": {"sequence_lengths": []}}, "non-empty"),
-        ({"batch": {"sequence_lengths": [1, True]}}, "positive integers"),
-        ({"batch": {"use_dynamic_bsz": False}}, "micro_batch_size_per_gpu"),
-        ({"batch": {"mini_batch_size": "2"}}, "integer"),
-        ({"steps": 0}, "steps must be positive"),
+        ({"schema": 1}, "schema 1 is not 2"),
+        ({"model": {"num_layers": 6}}, r"pp\(2\) \* vpp\(2\) does not divide the 6 layers"),
+        ({"layout": {"world": 3}}, r"tp\(1\) \* pp\(2\) \* cp\(1\)"),
+        ({"layout": {"tp": 3, "pp": 1, "vpp": 1, "world": 3}}, "tp .3. must divide"),
+        ({"model": {"num_kv_heads": 3}}, "multiple of"),
+        ({"batch": {"sequence_lengths": [1, -2]}}, "positive integers"),
+        ({"recompute": {"granularity": "sometimes"}}, "granularity"),
+        ({"phases": ["generation"]}, "phases"),
+        ({"model": {"bogus": 1}}, "unknown fields"),
     ],
 )
 def test_bad_specs_say_what_is_wrong(patch, message):
@@ -106,137 +97,78 @@ def test_bad_specs_say_what_is_wrong(patch, message):
         WorkerSpec.from_dict(d)
 
 
-def test_dp_names_every_factor():
-    s = WorkerSpec.from_dict(_spec(layout={"tp": 2, "pp": 1, "vpp": 1}))
-    with pytest.raises(ValueError, match=r"tp\(2\) \* pp\(1\) \* cp\(1\)"):
-        s.layout.dp(3)
-    moe = WorkerSpec.from_dict(
-        _spec(
-            model={"num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 64},
-            layout={"tp": 1, "pp": 1, "vpp": 1, "ep": 4},
-        )
-    )
-    with pytest.raises(ValueError, match=r"ep\(4\) \* etp\(1\)"):
-        moe.layout.dp(2)
+def test_flops_of_the_phases():
+    m = get_model("qwen2.5-7b")
+    lens = [1000, 3000]
+    full = model_flops(m, lens)
+    assert model_flops(m, lens, forward_only=True) == pytest.approx(full / 3)
+    q = m.num_attention_heads * m.head_dim
+    assert full == 6.0 * active_matmul_params(m) * 4000 + 6.0 * m.num_layers * q * (1e6 + 9e6)
+    assert peak_bf16_tflops("NVIDIA H200") and peak_bf16_tflops("a toaster") is None
 
 
-def test_flops_against_a_hand_computed_case():
-    m = ModelCfg(
-        name="hand",
-        num_layers=2,
-        hidden_size=4,
-        ffn_hidden_size=8,
-        num_attention_heads=2,
-        num_query_groups=1,
-        kv_channels=2,
-        vocab_size=10,
-    )
-    # attention: q=4, kv=2 -> 4*(4+2*2) + 4*4 = 48; mlp 3*4*8 = 96; 2 layers; head 4*10 = 40.
-    assert active_matmul_params(m) == 2 * (48 + 96) + 40 == 328
-    # 6 * 328 * (3+5) + 6 * 2 layers * 4 (q width) * (9+25)
-    assert model_flops(m, [3, 5]) == 6 * 328 * 8 + 6 * 2 * 4 * 34 == 17376
-    assert "sum(s_i^2)" in FLOPS_FORMULA
-
-
-def test_moe_flops_count_only_routed_experts():
-    dense = ModelCfg(
-        name="d",
-        num_layers=1,
-        hidden_size=8,
-        ffn_hidden_size=16,
-        num_attention_heads=2,
-        num_query_groups=2,
-        kv_channels=4,
-        vocab_size=4,
-    )
-    moe = ModelCfg(
-        name="m",
-        num_layers=1,
-        hidden_size=8,
-        ffn_hidden_size=0,
-        num_attention_heads=2,
-        num_query_groups=2,
-        kv_channels=4,
-        vocab_size=4,
-        num_experts=64,
-        moe_router_topk=2,
-        moe_ffn_hidden_size=8,
-    )
-    # Two routed experts of width 8 equal one dense MLP of width 16, plus the router (8*64).
-    assert active_matmul_params(moe) - active_matmul_params(dense) == 8 * 64
-
-
-def test_peak_is_read_from_the_hardware_table():
-    assert peak_bf16_tflops("NVIDIA H100 80GB HBM3") == pytest.approx(989, rel=0.01)
-    assert peak_bf16_tflops("NVIDIA H200") == pytest.approx(989, rel=0.01)
-    assert peak_bf16_tflops("NVIDIA H20") == pytest.approx(148, rel=0.01)
-    assert peak_bf16_tflops("Some GPU") is None
-
-
-def test_result_round_trip_and_validation():
+def test_result_round_trip_and_validation(tmp_path: Path):
     r = WorkerResult(
         status="ok",
-        phase="step",
-        step_s=1.5,
-        step_times_s=[1.6, 1.5, 1.5],
-        tokens=1000,
-        tokens_per_s_per_gpu=333.3,
-        mfu_pct=12.0,
-        peak_mem_allocated_gib=10.0,
-        peak_mem_reserved_gib=12.0,
-        world_size=2,
+        phase="update_actor",
+        step_s=2.0,
+        tokens_per_s_per_gpu=1.0,
+        peak_mem_allocated_gib=3.0,
+        peak_mem_device_gib=4.0,
+        launch_s=5.0,
     )
-    text = json.dumps(r.to_dict())
-    back = parse_result(text)
-    assert back == r
-    assert json.loads(text)["schema"] == 1
-    with pytest.raises(ValueError, match="status"):
-        parse_result({"schema": 1, "status": "great", "phase": "step"})
+    assert parse_result(json.dumps(r.to_dict())) == r
     with pytest.raises(ValueError, match="finite step_s"):
-        parse_result({"schema": 1, "status": "ok", "phase": "step"})
-    oom = parse_result({"schema": 1, "status": "oom", "phase": "warmup", "reason": "x", "new": 1})
-    assert oom.status == "oom" and oom.phase == "warmup"
+        parse_result({**r.to_dict(), "step_s": None})
+    with pytest.raises(ValueError, match="phase"):
+        parse_result({**r.to_dict(), "phase": "lunch"})
+    p = tmp_path / "r.json"
+    assert write_json_atomic(p, {"a": 1}, exclusive=True)
+    assert not write_json_atomic(p, {"a": 2}, exclusive=True)
+    assert json.loads(p.read_text()) == {"a": 1}
+    assert is_oom(RuntimeError("NCCL error: unhandled cuda error")) and not is_oom(ValueError("x"))
 
 
-def test_atomic_write_and_first_failure_wins(tmp_path: Path):
-    out = tmp_path / "sub" / "result.json"
-    assert write_json_atomic(out, {"a": 1}, exclusive=True)
-    assert not write_json_atomic(out, {"a": 2}, exclusive=True)
-    assert json.loads(out.read_text()) == {"a": 1}
-    write_json_atomic(out, {"a": 3})
-    assert json.loads(out.read_text()) == {"a": 3}
-    assert sorted(p.name for p in out.parent.iterdir()) == ["result.json"]
+# ---- the pp2 vpp2 mismatch, reproduced on the CPU --------------------------------------------
 
 
-def test_oom_is_recognised():
-    class OutOfMemoryError(RuntimeError):
-        pass
+def test_combined_p2p_call_swaps_shapes_at_pp2():
+    """megatron-core's shape exchange, both directions in one call (overlap_p2p_comm off, the
+    default): at pp = 2 the activation buffer takes the gradient's length - the
+    `split_with_sizes ... 6780 ... [7688]` crash of issue 9."""
+    act, grad = {0: 7688, 1: 7500}, {0: 6780, 1: 6900}
+    (call,) = steady_state_calls(2, act, grad, overlap_p2p_comm=False)
+    got = exchange_shapes(2, call)
+    assert got[1][0] == grad[0] != act[0]  # rank 1 expected rank 0's activation
+    # pp = 4: prev and next are different ranks, nothing is swapped
+    act4, grad4 = {r: 1000 + r for r in range(4)}, {r: 2000 + r for r in range(4)}
+    (call4,) = steady_state_calls(4, act4, grad4, overlap_p2p_comm=False)
+    got4 = exchange_shapes(4, call4)
+    assert all(got4[r] == (act4[(r - 1) % 4], grad4[(r + 1) % 4]) for r in range(4))
 
-    assert is_oom(OutOfMemoryError("x"))
-    assert is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
-    assert not is_oom(RuntimeError("shape mismatch"))
+
+def test_the_worker_settings_keep_shapes_matched():
+    s = p2p_settings(2, 2)
+    assert s == {"variable_seq_lengths": True, "overlap_p2p_comm": True, "batch_p2p_comm": False}
+    assert p2p_settings(2, 1)["batch_p2p_comm"] and not p2p_settings(2, 1)["overlap_p2p_comm"]
+    act, grad = {0: 7688, 1: 7500}, {0: 6780, 1: 6900}
+    fwd, bwd = steady_state_calls(2, act, grad, overlap_p2p_comm=s["overlap_p2p_comm"])
+    assert exchange_shapes(2, fwd) == {0: (act[1], None), 1: (act[0], None)}
+    assert exchange_shapes(2, bwd) == {0: (None, grad[1]), 1: (None, grad[0])}
 
 
-def _run_worker(tmp_path: Path, spec: dict) -> tuple[int, dict]:
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    out = tmp_path / "result.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "0", "WORLD_SIZE": "1"}
+# ---- the program ------------------------------------------------------------------------------
+
+
+def _run_worker(tmp: Path, spec: dict) -> tuple[int, dict]:
+    sp, out = tmp / "spec.json", tmp / "result.json"
+    sp.write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tuner.runners.megatron_worker",
-            "--spec",
-            "spec.json",
-            "--out",
-            out,
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+        [sys.executable, "-m", "tuner.runners.megatron_worker", "--spec", str(sp), "--out",
+         str(out)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     return proc.returncode, json.loads(out.read_text())
 
 
@@ -244,12 +176,11 @@ def test_a_bad_spec_ends_as_a_failed_result_file(tmp_path: Path):
     rc, res = _run_worker(tmp_path, _spec(model={"num_layers": 6}))
     assert rc != 0
     assert res["status"] == "failed" and res["phase"] == "init"
-    assert "num_layers (6)" in res["reason"]
+    assert "6 layers" in res["reason"]
     parse_result(res)
 
 
-def test_no_gpu_ends_as_a_failed_result_file_not_a_hang(tmp_path: Path):
-    rc, res = _run_worker(tmp_path, SPEC)
-    assert rc != 0
-    assert res["status"] in ("failed", "oom") and res["phase"] == "init"
-    assert res["reason"]
+def test_model_section_is_the_model_spec():
+    m = get_model("qwen3-30b-moe")
+    s = WorkerSpec.from_dict(_spec(model=asdict(m), layout={"world": 2, "pp": 2, "vpp": 1}))
+    assert s.model == m

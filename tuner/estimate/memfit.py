@@ -27,6 +27,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tuner.hardware import GIB, Cluster
 from tuner.space import ParallelLayout
@@ -80,7 +81,7 @@ variable-length micro-batches free and reallocate blocks of different sizes each
 MIN_HEADROOM_GIB = 2.0
 """The least headroom pruning keeps: allocations the model does not see (a lazily connected
 NCCL algorithm, the allocator's next segment, another process on the GPU) come in GiB steps."""
-DEFAULT_HEADROOM_GIB = 2.0
+DEFAULT_HEADROOM_GIB = 2.3
 """Headroom below the GPU's capacity that pruning keeps by default: `fit_memory` on the
 committed leaderboards (results/dense-h200-x2.csv, results/moe-h200-x2.csv; the raw model,
 scale 1, offset 0; scripts/memory_fit.out.txt), at least MIN_HEADROOM_GIB."""
@@ -183,8 +184,7 @@ def communicator_gib(comm: Communicator, local_gpus: int) -> float:
 def nccl_gib(lay: ParallelLayout, cluster: Cluster, *, moe: bool, tied: bool) -> float:
     """NCCL buffers of one actor rank, GiB (the sum over `communicators`)."""
     return sum(
-        communicator_gib(c, cluster.local_gpus)
-        for c in communicators(lay, moe=moe, tied=tied)
+        communicator_gib(c, cluster.local_gpus) for c in communicators(lay, moe=moe, tied=tied)
     )
 
 
@@ -336,15 +336,12 @@ def fit_memory(
     for r in oom:
         need = r.capacity_gib - (scale * r.predicted_gib + offset) + 0.05
         if need > headroom:
-            blocked = [
-                f"{c:.1f}"
-                for o, c in ok_rows_cap
-                if o.measured_gib is not None and c + need > o.capacity_gib
-            ]
+            blocked = [f"{c:.1f}" for o, c in ok_rows_cap if c + need > o.capacity_gib]
             if blocked:
                 conflict = (
                     f"an OOM at corrected {scale * r.predicted_gib + offset:.1f} GiB needs "
-                    f"headroom {need:.1f} GiB, which would prune ok rows at {', '.join(blocked)} GiB"
+                    f"headroom {need:.1f} GiB, which would prune ok rows at "
+                    f"{', '.join(blocked)} GiB"
                 )
                 continue
             headroom = need
@@ -359,6 +356,50 @@ def fit_memory(
         max_under_gib=max_under,
         conflict=conflict,
     )
+
+
+def rows_from_leaderboards(paths: Iterable[Path]) -> list[MemoryRow]:
+    """MemoryRows of the ok and oom rows of leaderboards (ours or reference CSVs), predicted
+    afresh by today's model in the view of the runner that measured them (the megatron runner
+    measures old_log_prob + update without a reference model; others the whole step)."""
+    from tuner.estimate import estimate
+    from tuner.estimate.validate import load_cases
+    from tuner.results import number, read_rows
+    from tuner.runners.base import memory_view
+
+    out: list[MemoryRow] = []
+    for path in paths:
+        raw = {
+            f"{r.get('study', '')}:{r.get('trial', '')}": r
+            for r in read_rows(path)
+            if r.get("status") in ("ok", "oom")
+        }
+        for case in load_cases([path]):
+            row = raw.get(case.label, {})
+            e = estimate(case.candidate, case.model, case.cluster, case.workload)
+            megatron = row.get("runner") == "megatron" or row.get("source") == "megatron"
+            phases = ("old_log_prob", "update_actor") if megatron else _ALL_PHASES
+            _, device, phase, _ = memory_view(
+                e, case.cluster, phases=phases, drop_reference=megatron
+            )
+            mem = e.memory
+            slack = {"update_actor": mem.slack_gib, "old_log_prob": mem.log_prob_slack_gib}
+            out.append(
+                MemoryRow(
+                    predicted_gib=device,
+                    capacity_gib=case.cluster.gpu.memory_gib,
+                    oom=case.status == "oom",
+                    measured_device_gib=number(row.get("peak_mem_device_gib")),
+                    measured_reserved_gib=number(row.get("peak_mem_reserved_gib")),
+                    measured_allocated_gib=number(row.get("peak_mem_gib")),
+                    predicted_outside_gib=mem.overhead_gib,
+                    predicted_slack_gib=slack.get(phase, 0.0),
+                )
+            )
+    return out
+
+
+_ALL_PHASES = ("generation", "old_log_prob", "update_actor")
 
 
 # --------------------------------------------------------------------------------------------
@@ -425,9 +466,12 @@ class MemoryGuard:
             return
         if obs.oom:
             self._oom_raw.append(p)
-        elif obs.measured_gib is not None and math.isfinite(obs.measured_gib):
-            if obs.measured_gib > 0:
-                self._ratios.append(obs.measured_gib / p)
+        elif (
+            obs.measured_gib is not None
+            and math.isfinite(obs.measured_gib)
+            and obs.measured_gib > 0
+        ):
+            self._ratios.append(obs.measured_gib / p)
 
     def corrected_gib(self, predicted_gib: float) -> float:
         """The prediction after what the study learned."""

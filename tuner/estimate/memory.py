@@ -234,19 +234,30 @@ def in_flight_micro_batches(lay: ParallelLayout, n_micro: float) -> float:
 def kept_activation_bytes(
     ctx: Context, c: Candidate, tokens: float, per_layer: float, layers_stage: float
 ) -> float:
-    """Activations of one micro-batch on one stage, recompute applied."""
+    """Activations of one micro-batch on one stage, recompute applied (what it stores plus the
+    recompute working set)."""
+    stored, working = _stored_and_working(ctx, c, tokens, per_layer, layers_stage)
+    return stored + working
+
+
+def _stored_and_working(
+    ctx: Context, c: Candidate, tokens: float, per_layer: float, layers_stage: float
+) -> tuple[float, float]:
+    """(bytes one micro-batch keeps between its forward and backward, bytes of the layers being
+    recomputed in its backward). Every micro-batch in flight keeps the first; only the one in
+    backward holds the second, so a pipeline multiplies the first alone."""
     lay = c.layout
     if c.recompute_granularity != "full":
-        return tokens * per_layer * layers_stage
+        return tokens * per_layer * layers_stage, 0.0
     layer_input = ctx.hidden * BF16 / (lay.tp if c.sequence_parallel else 1)
     r = max(1, min(c.recompute_num_layers, int(layers_stage) or 1))
     chunk_layers = layers_stage / (lay.vpp if lay.vpp > 1 else 1)
     if c.recompute_method == "block":
         recomputed = min(r, chunk_layers) * (lay.vpp if lay.vpp > 1 else 1)
         stored = (layers_stage - recomputed) * per_layer + recomputed * layer_input
-        return tokens * (stored + per_layer)
+        return tokens * stored, tokens * per_layer
     chunks = math.ceil(chunk_layers / r) * (lay.vpp if lay.vpp > 1 else 1)
-    return tokens * (chunks * layer_input + r * per_layer)
+    return tokens * chunks * layer_input, tokens * r * per_layer
 
 
 # --------------------------------------------------------------------------------------------
@@ -297,7 +308,8 @@ def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> Memory
     per_layer = _act_per_token_layer(ctx, lay, c.sequence_parallel, c.recompute_granularity)
     tokens = _peak_micro_tokens(ctx, c, log_prob=False)
     in_flight = in_flight_micro_batches(lay, n_micro_update or lay.pp)
-    acts = kept_activation_bytes(ctx, c, tokens, per_layer, layers_stage) * in_flight
+    stored, working = _stored_and_working(ctx, c, tokens, per_layer, layers_stage)
+    acts = stored * in_flight + working
     vocab_local = ctx.vocab / lay.tp
     logits_upd = 0.0 if c.use_fused_kernels else tokens * vocab_local * LOGIT_BYTES_UPDATE
     lp_tokens = _peak_micro_tokens(ctx, c, log_prob=True)

@@ -61,11 +61,6 @@ class Profile:
     controller_gb_s: float = 1.0
     """Rate at which verl's single controller ships a phase's padded batch to the workers and
     collects the results (pickling, Ray object store, unpickling), GB/s."""
-    context_gib: float = 3.0
-    """CUDA context, NCCL communicator buffers and framework state per GPU, outside the tensors
-    the model counts."""
-    fragmentation: float = 0.10
-    """Caching-allocator slack on top of activations, logits and dispatch buffers, a fraction."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

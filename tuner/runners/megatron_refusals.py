@@ -71,22 +71,25 @@ def refusals(c: Candidate, m: ModelSpec) -> list[Refusal]:
     )
     # transformer_config.py: vpp needs a pipeline; the split rules (uneven stages, divisibility)
     if lay.vpp > 1 and lay.pp == 1:
-        add(True, "vpp_needs_pp", "config", f"vpp({lay.vpp}) needs pp > 1")
+        # schedules.py: without a pipeline the no-pipelining schedule takes one model chunk
+        add(True, "vpp_needs_pp", "runtime", f"vpp({lay.vpp}) needs pp > 1")
         stages = None
     else:
         try:
             stages = lay.stage_layers(m.num_layers)
         except ValueError as e:
-            add(True, "pipeline_split", "config", str(e))
+            # uneven first/last stages are checked in TransformerConfig.__post_init__; the even
+            # split only when the layers are built (transformer_block.get_num_layers_to_build)
+            add(True, "pipeline_split", "config" if lay.uneven else "runtime", str(e))
             stages = None
-    # transformer_config.py: full recompute_num_layers in 1..num_layers // pp (uniform chunks
-    # must also fit one virtual chunk at build time: transformer_block)
+    # transformer_config.py names the range 1..num_layers // pp but only refuses a missing
+    # value (measured on megatron-core 0.19.2); transformer_block applies it per chunk
     if c.recompute_granularity == "full":
         top = m.num_layers // lay.pp
         add(
             not 1 <= c.recompute_num_layers <= top,
             "recompute_num_layers",
-            "config",
+            "runtime",
             f"recompute_num_layers({c.recompute_num_layers}) must lie in 1..{top} "
             "(num_layers / pp)",
         )

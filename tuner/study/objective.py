@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import importlib
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -36,20 +35,10 @@ def now() -> str:
 
 
 def assumed_versions() -> str:
-    """The software versions the cost model assumes (tuner.versions, when present)."""
-    with contextlib.suppress(ImportError):
-        mod = importlib.import_module("tuner.versions")
-        for name in ("assumed", "summary", "describe"):
-            fn = getattr(mod, name, None)
-            if callable(fn):
-                return str(fn())
-        for name in ("ASSUMED", "VERSIONS"):
-            v = getattr(mod, name, None)
-            if isinstance(v, dict):
-                return ";".join(f"{k}={x}" for k, x in v.items())
-            if v:
-                return str(v)
-    return ""
+    """The software versions the cost model assumes (tuner.versions)."""
+    from tuner.versions import summary
+
+    return summary()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -51,8 +51,12 @@ class TuneRequest:
             raise UserError(f"--trials must be positive, got {self.trials}")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise UserError(f"--timeout must be positive, got {self.timeout_s}")
-        if self.headroom_gib is not None and self.headroom_gib < 0:
-            raise UserError(f"--headroom must be 0 or more GiB, got {self.headroom_gib}")
+        cap = self.cluster.gpu.memory_gib
+        if self.headroom_gib is not None and not 0 <= self.headroom_gib < cap:
+            raise UserError(
+                f"--headroom-gib must lie in 0..{cap:.0f} (the {self.cluster.gpu.name}'s GiB), "
+                f"got {self.headroom_gib}"
+            )
 
     @property
     def name(self) -> str:

@@ -167,6 +167,7 @@ def _serve(pool: Path) -> int:
 
             dist.barrier()
             mdl.teardown_parallel()
+            _free()
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # noqa: BLE001 (every failure must become a result)
@@ -179,6 +180,18 @@ def _serve(pool: Path) -> int:
     ctx.meter.stop()
     _shutdown()
     return 0
+
+
+def _free() -> None:
+    """Collect what the trial left (module cycles, hooks) and hand the cache back, so the next
+    trial's peaks are its own."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
 
 
 def _shutdown() -> None:

@@ -98,7 +98,19 @@ def make_inputs(spec: WorkerSpec, plan: BatchPlan, dp_rank: int, vocab: int, met
     return minis
 
 
-def run_trial(
+def run_trial(spec: WorkerSpec, **kw: Any) -> WorkerResult:
+    """Build, measure and free one trial; raises on failure (the caller reports it). Everything
+    the trial allocated is out of scope when this returns: collected, cache emptied."""
+    import torch
+
+    try:
+        return _measure(spec, **kw)
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _measure(
     spec: WorkerSpec,
     *,
     phase: Phase,
@@ -108,7 +120,6 @@ def run_trial(
     attn: Any,
     experts: tuple[type | None, str],
 ) -> WorkerResult:
-    """Build, measure and free one trial; raises on failure (the caller reports it)."""
     import torch
     import torch.distributed as dist
 
@@ -240,8 +251,6 @@ def run_trial(
         )
     finally:
         state.clear()
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 def _schedule(

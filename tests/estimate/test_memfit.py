@@ -1,0 +1,233 @@
+"""The device-memory fit and the study's memory guard: recovery of known parameters, the
+committed measured rows, and sequences of observations."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tuner.estimate import estimate
+from tuner.estimate.memfit import (
+    DEFAULT_HEADROOM_GIB,
+    MIN_HEADROOM_GIB,
+    OOM_MARGIN_GIB,
+    MemoryGuard,
+    MemoryObservation,
+    MemoryRow,
+    communicators,
+    fit_memory,
+    rows_from_leaderboards,
+)
+from tuner.hardware import GPUS, Cluster
+from tuner.models import get_model
+from tuner.space import Candidate, ParallelLayout
+from tuner.workload import get_workload
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+MEASURED = [DATA / "memory" / "dense-h200-x2.csv", DATA / "memory" / "moe-h200-x2.csv"]
+ANCHORS = sorted((DATA / "anchors").glob("*.csv"))
+
+
+def _estimator_rows(scale: float, offset: float, seed: int) -> list[MemoryRow]:
+    """Rows whose 'measures' are the estimator's own device totals of random candidates, put
+    through a known scale and offset (and 0.3 GiB of noise)."""
+    rng = random.Random(seed)
+    m, w = get_model("qwen2.5-7b"), get_workload("dapo-math")
+    cl = Cluster(gpu=GPUS["h200"], num_gpus=8)
+    rows = []
+    for layout in ("tp1", "tp2", "tp4", "tp2pp2", "tp4pp2", "tp8", "pp2", "tp2cp2"):
+        for budget in (4096, 8192, 16384):
+            c = Candidate(
+                layout=ParallelLayout.parse(layout, 8),
+                use_dynamic_bsz=True,
+                ppo_max_token_len_per_gpu=budget,
+                log_prob_max_token_len_per_gpu=budget,
+                recompute_granularity=rng.choice(["none", "selective", "full"]),
+                param_offload=rng.random() < 0.3,
+                optimizer_offload=rng.random() < 0.3,
+            )
+            p = estimate(c, m, cl, w).device_peak_gib
+            rows.append(
+                MemoryRow(
+                    predicted_gib=p,
+                    capacity_gib=cl.gpu.memory_gib,
+                    measured_device_gib=scale * p + offset + rng.gauss(0, 0.3),
+                )
+            )
+    return rows
+
+
+@pytest.mark.parametrize(("scale", "offset"), [(1.0, 0.0), (1.1, -2.0), (0.9, 3.0)])
+def test_fit_recovers_a_known_scale_and_offset(scale: float, offset: float) -> None:
+    rows = _estimator_rows(scale, offset, seed=1)
+    f = fit_memory(rows)
+    assert f.scale == pytest.approx(scale, abs=0.02)
+    assert f.offset_gib == pytest.approx(offset, abs=1.5)
+    assert f.median_abs_error < 0.01
+    # the headroom covers what the fitted line still under-predicts, and no less than the floor
+    assert f.headroom_gib >= max(MIN_HEADROOM_GIB, f.max_under_gib)
+    assert f.max_under_gib < 1.5
+
+
+def test_fit_scale_only_when_predictions_are_not_spread() -> None:
+    rows = [
+        MemoryRow(predicted_gib=p, capacity_gib=140.0, measured_device_gib=1.2 * p)
+        for p in (80.0, 82.0, 84.0)
+    ]
+    f = fit_memory(rows)
+    assert f.scale == pytest.approx(1.2)
+    assert f.offset_gib == 0.0
+
+
+def test_an_oom_row_raises_the_headroom_until_it_does_not_fit() -> None:
+    ok = [MemoryRow(predicted_gib=60.0, capacity_gib=80.0, measured_device_gib=60.0)]
+    oom = MemoryRow(predicted_gib=74.0, capacity_gib=80.0, oom=True)
+    f = fit_memory([*ok, oom])
+    assert f.headroom_gib > 80.0 - 74.0
+    assert not f.conflict
+    # an OOM below an ok row cannot be separated by any headroom: the ok rows win, said so
+    clash = fit_memory([*ok, MemoryRow(predicted_gib=55.0, capacity_gib=80.0, oom=True)])
+    assert clash.headroom_gib < 80.0 - 60.0
+    assert "OOM" in clash.conflict and "60.0" in clash.conflict
+
+
+def test_rows_use_the_best_measure_they_carry() -> None:
+    kw = {"predicted_gib": 50.0, "capacity_gib": 80.0}
+    kw2 = {"predicted_outside_gib": 3.0, "predicted_slack_gib": 2.0}
+    assert MemoryRow(**kw, measured_allocated_gib=40.0, **kw2).measured_gib == 45.0
+    both = MemoryRow(**kw, measured_allocated_gib=40.0, measured_reserved_gib=44.0, **kw2)
+    assert (both.measured_gib, both.level) == (47.0, "reserved")
+    dev = MemoryRow(**kw, measured_reserved_gib=44.0, measured_device_gib=49.0, **kw2)
+    assert (dev.measured_gib, dev.level) == (49.0, "device")
+    assert MemoryRow(**kw, oom=True, measured_device_gib=79.0).measured_gib is None
+    with pytest.raises(ValueError, match="positive"):
+        MemoryRow(predicted_gib=0.0, capacity_gib=80.0)
+
+
+def test_committed_rows_give_the_default_headroom_and_a_small_error() -> None:
+    """results/*-h200-x2.csv (copied to tests/data/memory) and the reference anchors: the raw
+    model's fit is the DEFAULT_HEADROOM_GIB that pruning uses, its median error on the measured
+    rows (reserved + predicted outside) is within 5%, and every anchor OOM row is unfit with
+    that headroom while every measured row fits."""
+    rows = rows_from_leaderboards(MEASURED + ANCHORS)
+    raw = fit_memory(rows, fit_scale=False)
+    assert raw.ok_rows == 8 and raw.oom_rows == 4
+    assert raw.headroom_gib == pytest.approx(DEFAULT_HEADROOM_GIB, abs=0.05)
+    assert raw.median_abs_error <= 0.05
+    assert not raw.conflict
+    for r in rows:
+        fits = r.predicted_gib + DEFAULT_HEADROOM_GIB <= r.capacity_gib
+        assert fits is not r.oom
+    fitted = fit_memory(rows)
+    assert fitted.scale == pytest.approx(1.0, abs=0.1)
+
+
+def test_communicators_follow_the_layout() -> None:
+    names = {c.name for c in communicators(ParallelLayout.parse("tp2", 2), moe=False, tied=False)}
+    assert names == {
+        "WORLD",
+        "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
+        "TENSOR_MODEL_PARALLEL_GROUP",
+    }
+    moe = communicators(ParallelLayout.parse("ep8", 8), moe=True, tied=False)
+    a2a = next(c for c in moe if c.name == "EXPERT_MODEL_PARALLEL_GROUP")
+    assert a2a.p2p and a2a.peers == 7
+    assert all(c.size > 1 for c in moe)
+
+
+# --------------------------------------------------------------------------------------------
+# MemoryGuard
+# --------------------------------------------------------------------------------------------
+
+
+def test_guard_before_any_trial_is_the_raw_model_with_the_default_headroom() -> None:
+    g = MemoryGuard(80.0)
+    assert g.headroom_gib == DEFAULT_HEADROOM_GIB
+    assert g.corrected_gib(70.0) == 70.0
+    assert g.unfit(80.0 - DEFAULT_HEADROOM_GIB - 0.1) == ""
+    line = g.unfit(79.0)
+    assert "79.0 GiB" in line and "80.0 GiB" in line and "headroom" in line
+    assert MemoryGuard(80.0, headroom_gib=0.0).unfit(79.9) == ""
+    with pytest.raises(ValueError, match="headroom_gib"):
+        MemoryGuard(80.0, headroom_gib=-1.0)
+
+
+def test_guard_learns_a_robust_scale_from_ok_trials() -> None:
+    g = MemoryGuard(140.0, headroom_gib=2.0)
+    for p, m in ((100.0, 110.0), (90.0, 99.0), (80.0, 88.0), (60.0, 20.0)):  # one odd row
+        g.observe(MemoryObservation(predicted_gib=p, measured_gib=m, oom=False))
+    assert g.corrected_gib(100.0) == pytest.approx(110.0)
+    assert g.unfit(126.0) != ""  # 138.6 + 2 > 140
+    assert g.unfit(125.0) == ""  # 137.5 + 2 <= 140
+    g.observe(MemoryObservation(predicted_gib=50.0, measured_gib=None, oom=False))  # no measure
+    assert g.corrected_gib(100.0) == pytest.approx(110.0)
+
+
+def test_an_oom_makes_everything_from_its_corrected_prediction_unfit() -> None:
+    """The issue's trial: predicted to fit at 130.8 GiB of a 139.8 GiB H200, it ran out."""
+    g = MemoryGuard(139.8, headroom_gib=2.0)
+    assert g.unfit(130.8) == ""
+    g.observe(MemoryObservation(predicted_gib=130.8, measured_gib=None, oom=True))
+    assert "ran out of memory" in g.unfit(130.8)
+    assert g.unfit(130.8 - OOM_MARGIN_GIB / 2) != ""
+    assert g.unfit(129.0) == ""
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(10.0, 130.0),
+            st.floats(0.5, 1.5),
+            st.booleans(),
+        ),
+        max_size=12,
+    ),
+    st.floats(10.0, 135.0),
+)
+def test_guard_properties(seq: list[tuple[float, float, bool]], probe: float) -> None:
+    g = MemoryGuard(140.0)
+    ooms: list[float] = []
+    for p, ratio, oom in seq:
+        g.observe(
+            MemoryObservation(predicted_gib=p, measured_gib=None if oom else p * ratio, oom=oom)
+        )
+        if oom:
+            ooms.append(p)
+    lo, hi = 0.7, 1.5
+    assert lo <= g.scale <= hi
+    # monotone: what is unfit stays unfit for anything predicted larger
+    if g.unfit(probe):
+        assert g.unfit(probe + 1.0)
+    # every OOM's own prediction stays unfit for the rest of the study
+    for p in ooms:
+        assert g.unfit(p)
+    # whatever fits leaves the headroom free
+    if not g.unfit(probe):
+        assert g.corrected_gib(probe) + g.headroom_gib <= 140.0
+        assert all(
+            g.corrected_gib(probe) < g.corrected_gib(p) - OOM_MARGIN_GIB + 1e-9 for p in ooms
+        )
+    assert math.isfinite(g.corrected_gib(probe))
+
+
+def test_bench_search_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    """scripts/bench_search.py runs (1 seed, 20 trials, a small pool) and reports each method."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_search.py"
+    spec = importlib.util.spec_from_file_location("bench_search", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert (
+        mod.main(["--seeds", "1", "--trials", "20", "--replay-trials", "20", "--pool", "100"]) == 0
+    )
+    out = capsys.readouterr().out
+    for method in ("random:", "tpe:", "tpe+warm:"):
+        assert out.count(method) == 4

@@ -1,0 +1,124 @@
+"""The worker pool's protocol with a real small program standing in for torchrun, progress
+lines, and megatron-core's refusal rules (CPU only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tuner.models import get_model
+from tuner.runners.megatron_pool import WorkerPool
+from tuner.runners.megatron_refusals import megatron_refusals, refusals
+from tuner.runners.megatron_worker.protocol import (
+    Progress,
+    ProgressWatch,
+    append_progress,
+    read_progress,
+)
+from tuner.space import Candidate, ParallelLayout
+
+FAKE_POOL = """
+import json, os, sys, time
+from pathlib import Path
+from tuner.runners.megatron_worker.protocol import mark_done, mark_ready, wait_request
+pool = Path(sys.argv[sys.argv.index("--pool") + 1])
+mark_ready(pool, 1)
+seq = 1
+while True:
+    req = wait_request(pool, seq, poll_s=0.01)
+    if req["cmd"] == "exit":
+        break
+    spec = json.loads(Path(req["spec"]).read_text())
+    if spec["mode"] == "oom":
+        Path(req["out"]).write_text(json.dumps({"status": "oom", "pid": os.getpid()}))
+        os._exit(3)
+    if spec["mode"] == "slow":
+        for i in range(100):
+            with open(req["progress"], "a") as f:
+                f.write(json.dumps({"step": i, "seconds": 1.0, "tokens": 10}) + "\\n")
+            if Path(req["abandon"]).exists():
+                break
+            time.sleep(0.05)
+    Path(req["out"]).write_text(json.dumps({"status": "abandoned" if spec["mode"] == "slow"
+                                            else "ok", "pid": os.getpid()}))
+    mark_done(pool, seq)
+    seq += 1
+mark_done(pool, seq)
+"""
+
+
+def _files(tmp: Path, n: int, mode: str) -> dict[str, Path]:
+    d = tmp / f"t{n}"
+    d.mkdir()
+    (d / "spec.json").write_text(json.dumps({"mode": mode}))
+    return {k: d / v for k, v in
+            (("spec", "spec.json"), ("out", "result.json"), ("progress", "p.jsonl"),
+             ("abandon", "abandon"))}  # fmt: skip
+
+
+def test_pool_serves_trials_restarts_after_a_failure_and_closes(tmp_path: Path):
+    prog = tmp_path / "fake_pool.py"
+    prog.write_text(FAKE_POOL)
+    repo = str(Path(__file__).resolve().parents[2])
+    pool = WorkerPool(tmp_path / "pool", [sys.executable, str(prog)], env={"PYTHONPATH": repo})
+    pids = []
+    for n, mode in enumerate(["ok", "ok", "oom", "ok"]):
+        f = _files(tmp_path, n, mode)
+        o = pool.run(**f, timeout_s=30)
+        assert o.finished and not o.timed_out
+        pids.append(json.loads(f["out"].read_text())["pid"])
+        assert o.started_pool == (n in (0, 3))
+    assert pids[0] == pids[1] == pids[2] != pids[3]  # reused, then a fresh pool after the OOM
+    assert pool.starts == 2
+    # early stop: the runner's poll says stop, the pool abandons the trial and stays up
+    f = _files(tmp_path, 9, "slow")
+    watch = ProgressWatch(f["progress"], 1, lambda step, tps: step >= 2)
+    o = pool.run(**f, timeout_s=30, poll=watch.poll)
+    assert o.finished and o.stopped and watch.stopped_at == 2 and pool.alive()
+    proc = pool.proc
+    pool.close()
+    assert proc is not None and proc.returncode == 0 and not pool.alive()
+
+
+def test_pool_timeout_ends_the_pool(tmp_path: Path):
+    prog = tmp_path / "hang.py"
+    prog.write_text("import time\ntime.sleep(60)\n")
+    pool = WorkerPool(tmp_path / "pool", [sys.executable, str(prog)])
+    o = pool.run(**_files(tmp_path, 0, "ok"), timeout_s=1)
+    assert o.timed_out and not o.finished and not pool.alive()
+
+
+def test_progress_lines_skip_a_partial_line(tmp_path: Path):
+    p = tmp_path / "progress.jsonl"
+    append_progress(p, Progress(step=0, seconds=2.0, tokens=1600, update_actor_s=1.5))
+    with open(p, "a") as f:
+        f.write('{"step": 1, "sec')
+    got = read_progress(p)
+    assert got == [Progress(step=0, seconds=2.0, tokens=1600, update_actor_s=1.5)]
+    assert got[0].tokens_per_s_per_gpu(4) == 200.0
+
+
+def test_refusal_rules_name_the_rule_and_when_megatron_enforces_it():
+    dense, moe = get_model("qwen2.5-7b"), get_model("qwen3-30b-moe")
+
+    def rules(c: Candidate, m=dense) -> set[str]:
+        return {r.rule for r in refusals(c, m)}
+
+    lay = ParallelLayout
+    assert megatron_refusals(Candidate(layout=lay(world=2, tp=2)), dense) == []
+    assert rules(Candidate(layout=lay(world=8, tp=8)), dense) == {"tp_heads"}  # 28 heads
+    assert rules(Candidate(layout=lay(world=8, tp=2, ep=4)), moe) == {"moe_tp_needs_sp"}
+    assert rules(Candidate(layout=lay(world=2, ep=2)), dense) == {"ep_needs_moe"}
+    assert rules(Candidate(layout=lay(world=3, pp=3)), dense) == {"pipeline_split"}
+    assert rules(Candidate(layout=lay(world=1, vpp=2))) == {"vpp_needs_pp"}
+    full = Candidate(layout=lay(world=2, pp=2, vpp=2), recompute_granularity="full",
+                     recompute_num_layers=8)  # fmt: skip
+    assert rules(full) == {"recompute_chunk"}  # 7 layers a chunk; mcore checks only <= 14
+    sel = Candidate(layout=lay(world=1), recompute_granularity="selective",
+                    recompute_modules="moe_act", moe_grouped_gemm=False)  # fmt: skip
+    assert rules(sel, moe) == {"moe_act_needs_grouped_gemm"}
+    when = {r.rule: r.when for r in refusals(Candidate(layout=lay(world=3, pp=3)), dense)}
+    assert when == {"pipeline_split": "runtime"}  # the even split is checked at build time
+    uneven = lay(world=2, pp=2, first_stage_layers=27, last_stage_layers=2)
+    assert {r.when for r in refusals(Candidate(layout=uneven), dense)} == {"config"}
