@@ -1,36 +1,47 @@
 #!/bin/bash
-# The measured leaderboard: one megatron-runner study on this node's GPUs, its CSV and trial logs
-# copied to OUT_DIR. Run from the repository root on a GPU host (wheels carried in .whl):
-#   bash scripts/gpu_study.sh dense|moe OUT_DIR [GPUS] [SECONDS]
-#   dense: Qwen2.5-7B (registry architecture, random weights)
-#   moe:   Qwen3-30B-A3B's layers with 8 of its 48 (scripts/models/qwen3-30b-moe-8l)
-# Workload: DAPO's shape scaled so a step takes seconds: 512-token prompts, responses up to 2048
-# (mean: the tuner's default fraction of the max), 8 prompts x 8 responses, mini batch 2 prompts.
-# At most 15 trials; the study stops launching after SECONDS (default 420) and every trial is
-# cut at 110 s. The reference layouts (scaled to GPUS) run first, then the estimator's picks,
-# then Optuna's. Rows are source=megatron with the cost model's prediction beside each.
+# The measured leaderboards (results/README.md): megatron-runner studies on this node's GPUs with
+# the hand grid measured in the same study. Run from the repository root on a GPU host (wheels
+# carried in .whl, see scripts/gpu_setup.sh):
+#   bash scripts/gpu_study.sh CASE OUT_DIR SECONDS [TRIALS]
+# CASE (each the workload issue 9 names):
+#   dense  Qwen2.5-7B on 2 GPUs: prompts 1024, responses up to 8192 (mean 6000), 8 prompts x 4,
+#          mini batch 8
+#   moe    Qwen3-30B-A3B's layers, 8 of 48 (scripts/models/qwen3-30b-moe-8l), on 2 GPUs:
+#          prompts 1024, responses up to 8192 (mean 3000), 8 prompts x 4, mini batch 4
+#   small  Qwen3-1.7B (QK-norm; scripts/models/qwen3-1.7b) on 1 GPU: prompts 1024, responses up
+#          to 15360 (mean 6000), 4 prompts x 4, mini batch 2
+#   smoke  the moe model and workload, 2 trials: checks the host before a long study
+# The study stops launching after SECONDS; the finished rows, the Optuna storage and the
+# trials' log tails are packed into OUT_DIR/<study>.tgz, the console into OUT_DIR/<study>.log.
 set -u
-which=${1:?give dense or moe}
+case_=${1:?give dense, moe, small or smoke}
 out=${2:?give an output folder}
-gpus=${3:-2}
-budget=${4:-420}
-case $which in
-  dense) model=qwen2.5-7b ;;
-  moe) model=scripts/models/qwen3-30b-moe-8l/config.json ;;
-  *) echo "gpu_study: dense or moe, not $which" >&2; exit 2 ;;
+budget=${3:?give the seconds after which no trial is launched}
+trials=${4:-24}
+common=(--workload dapo-math --prompt-len 1024 --response-len 8192)
+case $case_ in
+  dense) model=qwen2.5-7b; gpus=2; wl=(--response-mean 6000 --batch 8 --n 4 --mini-batch 8) ;;
+  moe | smoke) model=scripts/models/qwen3-30b-moe-8l/config.json; gpus=2
+    wl=(--response-mean 3000 --batch 8 --n 4 --mini-batch 4) ;;
+  small) model=scripts/models/qwen3-1.7b/config.json; gpus=1
+    wl=(--response-len 15360 --response-mean 6000 --batch 4 --n 4 --mini-batch 2) ;;
+  *) echo "gpu_study: dense, moe, small or smoke, not $case_" >&2; exit 2 ;;
 esac
+[ "$case_" = smoke ] && trials=2
 python3 -c "import megatron.core, optuna" 2>/dev/null || source scripts/gpu_setup.sh .whl || exit 1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case $gpu in *H200*) kind=h200 ;; *H100*) kind=h100 ;; *A100*) kind=a100 ;; *H20*) kind=h20 ;; *) kind=h100 ;; esac
-study=$which-$kind-x$gpus
+study=$case_-$kind-x$gpus
 mkdir -p "$out"
-timeout $((budget + 150)) python3 -m tuner.cli --model "$model" --gpus "$gpus" --gpus-per-node "$gpus" \
-  --gpu "$kind" --runner megatron --workload dapo-math --prompt-len 512 --response-len 2048 \
-  --batch 8 --n 8 --mini-batch 2 --trials 15 --timeout "$budget" --trial-timeout 110 \
-  --study "$study" --results-dir "$out/results" --recipes-dir "$out/recipes" --no-progress \
-  2>&1 | tee "$out/$study.log"
-echo "gpu_study: exit ${PIPESTATUS[0]}"
-# keep the logs' tails only (the full ones can be large)
-for f in "$out"/results/"$study"/trials/*/worker.log; do
-  [ -f "$f" ] && tail -c 20000 "$f" > "$f.tail" && rm "$f"
-done
+grid=(--hand-grid)
+[ "$case_" = smoke ] && grid=(--no-warm-start)
+timeout $((budget + 200)) python3 -m tuner --model "$model" --gpus "$gpus" --gpus-per-node "$gpus" \
+  --gpu "$kind" --runner megatron "${common[@]}" "${wl[@]}" "${grid[@]}" --trials "$trials" \
+  --timeout "$budget" --study "$study" --results-dir "$out/r/results" --recipes-dir "$out/r/recipes" \
+  --no-progress 2>&1 | tee "$out/$study.log"
+rc=${PIPESTATUS[0]}
+echo "gpu_study: $study exit $rc"
+# keep the logs' tails only (the full ones can be large), then pack the study
+find "$out/r" -name '*.log' -size +20k -exec sh -c 'tail -c 20000 "$1" > "$1.tail"; rm "$1"' _ {} \;
+tar czf "$out/$study.tgz" -C "$out/r" . && rm -rf "$out/r"
+exit "$rc"

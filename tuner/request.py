@@ -97,6 +97,7 @@ def build_request(args: argparse.Namespace, setup: Setup, runner: Any) -> Any:
         recipes=args.recipes,
         seed=args.seed,
         warm_start=not args.no_warm_start,
+        hand_grid=args.hand_grid,
         profile=load_profile(args.profile),
         **extra,
     )

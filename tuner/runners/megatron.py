@@ -64,6 +64,11 @@ ABANDON_NAME = "abandon"
 LOG_NAME = "worker.log"
 WORKER_MODULE = "tuner.runners.megatron_worker"
 BACKEND = "megatron-core: old_log_prob + update_actor (generation predicted, not run)"
+WARMUP_STEPS = 1
+MEASURED_STEPS = 2
+"""Three steps in all, as the reference leaderboards run them: one warm-up, then the 2nd and
+3rd measured (their median, i.e. mean, reported); the pruner can stop a slow trial after the
+2nd."""
 DEFAULT_MINI_BATCHES = 2
 """Mini-batches (optimizer steps) run per measured step by default: the update's throughput does
 not depend on how many there are, and a full dapo-math step (16 of them) would take minutes."""
@@ -124,8 +129,8 @@ def worker_spec(
     *,
     seed: int = 0,
     mini_batches: int = DEFAULT_MINI_BATCHES,
-    steps: int = 3,
-    warmup_steps: int = 1,
+    steps: int = MEASURED_STEPS,
+    warmup_steps: int = WARMUP_STEPS,
 ) -> dict[str, Any]:
     """The worker's schema-2 spec for one trial; raises ValueError if megatron-core or verl
     would refuse it (megatron_refusals, token budgets, the batch plans of both phases)."""
@@ -198,8 +203,8 @@ class MegatronRunner(Runner):
         *,
         python: str | None = None,
         mini_batches: int = DEFAULT_MINI_BATCHES,
-        steps: int = 3,
-        warmup_steps: int = 1,
+        steps: int = MEASURED_STEPS,
+        warmup_steps: int = WARMUP_STEPS,
         pool: bool = True,
         pool_dir: Path | None = None,
         launch: Launch | None = None,

@@ -18,6 +18,7 @@ from tuner import recipes
 from tuner.errors import UserError
 from tuner.results import Status, TrialRecord, rank, row_of
 from tuner.space import Candidate, SearchSpace, sample
+from tuner.study.grid import hand_grid_params
 from tuner.study.learn import SlowerThanBestPruner, StudyLearner, should_stop_for
 from tuner.study.objective import (
     NOT_COPIED,
@@ -122,11 +123,13 @@ class _Study:
                 locked_,
             )
             if (
-                req.warm_start
+                (req.warm_start or req.hand_grid)
                 and not self.study.user_attrs.get(WARM_START_ATTR)
                 and not self.study.get_trials(deepcopy=False)
             ):
-                params = warm_start_params(self.space, req.profile, req.seed, req.runner)
+                params = hand_grid_params(self.space) if req.hand_grid else []
+                if req.warm_start:
+                    params += warm_start_params(self.space, req.profile, req.seed, req.runner)
                 enqueue_warm_start(self.study, params)
 
     def trials(self) -> list[optuna.trial.FrozenTrial]:

@@ -44,6 +44,10 @@ class TuneRequest:
     """Recipe scripts written for the best finished rows."""
     seed: int = 0
     warm_start: bool = True
+    hand_grid: bool = False
+    """Also measure the hand grid (tuner.study.grid): plain layouts x recompute none/full x
+    token budget 1x/2x, enqueued first with origin `hand grid`, so the leaderboard states how
+    the tuned best compares with what a user would try by hand."""
     profile: Profile = field(default_factory=Profile)
 
     def __post_init__(self) -> None:
