@@ -32,7 +32,9 @@ python3 -c "import megatron.core, optuna" 2>/dev/null || source scripts/gpu_setu
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case $gpu in *H200*) kind=h200 ;; *H100*) kind=h100 ;; *A100*) kind=a100 ;; *H20*) kind=h20 ;; *) kind=h100 ;; esac
 study=$case_-$kind-x$gpus
-mkdir -p "$out"
+mkdir -p "$out/r/results"
+# RESUME_FROM=<a results folder of an earlier run>: the study goes on from its storage
+[ -n "${RESUME_FROM:-}" ] && cp -r "$RESUME_FROM"/. "$out/r/results/"
 grid=(--hand-grid)
 [ "$case_" = smoke ] && grid=(--no-warm-start)
 timeout $((budget + 200)) python3 -m tuner --model "$model" --gpus "$gpus" --gpus-per-node "$gpus" \
