@@ -39,8 +39,9 @@ REFERENCE_DEFAULTS = {
 """What the reference rows leave out, from the reference recipes' conventions
 (shared/anchors/README.md): 16 responses per prompt, vLLM at 0.6 of memory, param/grad/optimizer
 offload on, max_num_batched_tokens = prompt + response, and vLLM's max_num_seqs 1024 (the
-rollout default of the verl releases the references ran, before 0.9 lowered it to 256). Rows that switch dynamic batching off
-without giving a micro-batch size use the GRPO recipe's sizes (GRPO_RECIPE)."""
+rollout default of the verl releases the references ran, before 0.9 lowered it to 256). Rows
+that switch dynamic batching off without giving a micro-batch size use the GRPO recipe's
+sizes (GRPO_RECIPE)."""
 
 RECIPE_INPUTS: dict[tuple[str, str], dict[str, object]] = {
     ("dapo7b", "9"): {"gpu_memory_utilization": 0.8},

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.runners.megatron_worker.protocol import READY, done_path, write_request
+from tuner.runners.megatron_worker.protocol import LEAVING, READY, done_path, write_request
 from tuner.runners.process import stop_group
 
 
@@ -154,6 +154,13 @@ class WorkerPool:
         t = time.monotonic()
         while time.monotonic() - t < grace_s:
             if done_path(self.folder, seq).exists():
+                if (self.folder / LEAVING).exists():
+                    # the pool exits on its own after this trial (memory left behind): let it
+                    # go, and the next trial starts a fresh one
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.proc.wait(timeout=60)
+                    self.stop()
+                    return True
                 return True
             if self.proc.poll() is not None:
                 self.proc = None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.runners.megatron_worker.log import log
-from tuner.runners.megatron_worker.protocol import mark_done, mark_ready, wait_request
+from tuner.runners.megatron_worker.protocol import LEAVING, mark_done, mark_ready, wait_request
 from tuner.runners.megatron_worker.result import WorkerResult, is_oom, one_line, write_json_atomic
 from tuner.runners.megatron_worker.spec import load_spec
 
@@ -175,6 +175,7 @@ def _serve(pool: Path) -> int:
                 # A fresh pool is cheaper than a trial that measures the last one's leftovers.
                 log(f"trial left {left:.1f} GiB allocated after teardown: pool exits")
                 if ctx.rank == 0:
+                    (pool / LEAVING).touch()
                     mark_done(pool, seq)
                 break
         except KeyboardInterrupt:

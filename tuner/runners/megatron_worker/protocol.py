@@ -46,6 +46,11 @@ class Progress:
         return self.tokens / self.seconds / world if self.seconds > 0 else 0.0
 
 
+LEAVING = "leaving"
+"""Marker a pool writes before it exits on its own, so the runner starts a new one instead of
+handing the next trial to a pool on its way out."""
+
+
 def append_progress(path: str | Path, p: Progress) -> None:
     line = json.dumps(
         {
