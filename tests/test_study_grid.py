@@ -1,0 +1,94 @@
+"""The hand grid: what a user would try by hand, enqueued once, each candidate what sample()
+returns for its params, and measured in the same study as the search."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tuner.hardware import Cluster, get_gpu
+from tuner.models import REGISTRY, get_model
+from tuner.results import read_raw
+from tuner.runners.estimate import EstimateRunner
+from tuner.runners.megatron import MegatronRunner
+from tuner.space import SearchSpace, round_up, sample, validate
+from tuner.study import TuneRequest, run_study
+from tuner.study.grid import HAND_GRID_ORIGIN, hand_grid, hand_grid_params, plain_layouts
+from tuner.workload import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOAD = PRESETS["dapo-math"].with_overrides(
+    prompt_len=1024, response_len=8192, response_mean=6000, batch_size=8, n=4, mini_batch_size=8
+)
+
+
+def _space(model: str, gpus: int, runner: object) -> SearchSpace:
+    m = get_model(model)
+    cl = Cluster(gpu=get_gpu("h200"), num_gpus=gpus, gpus_per_node=gpus)
+    limits = runner.space_limits(m)  # type: ignore[attr-defined]
+    return SearchSpace(model=m, cluster=cl, workload=WORKLOAD, limits=limits)
+
+
+def test_dense_grid_is_plain_layouts_times_recompute_times_budget() -> None:
+    space = _space("qwen2.5-7b", 2, MegatronRunner())
+    grid = hand_grid(space)
+    assert [lay.notation for lay in plain_layouts(space)] == ["tp2", "pp2"]
+    assert len(grid) == 8
+    seq = WORKLOAD.max_seq_len
+    for c, label in grid:
+        assert validate(c, space.model, space.cluster, space.workload) == []
+        assert c.recompute_granularity in ("none", "full")
+        assert c.ppo_max_token_len_per_gpu in (round_up(seq, 1024), round_up(2 * seq, 1024))
+        assert not (c.param_offload or c.optimizer_offload)
+        assert c.layout.notation in label
+
+
+def test_moe_grid_leaves_out_tensor_parallel_without_sequence_parallel() -> None:
+    """Megatron needs sequence parallel for MoE with tp > 1; without transformer-engine the
+    megatron runner has none, so the grid starts from expert parallel."""
+    model = str(ROOT / "scripts/models/qwen3-30b-moe-8l/config.json")
+    space = _space(model, 2, MegatronRunner())
+    lays = [lay.notation for lay in plain_layouts(space)]
+    if space.limits.sequence_parallel:
+        pytest.skip("transformer-engine is installed here: tp2 with sequence parallel is valid")
+    assert lays[0] == "ep2" and "tp2" not in lays
+
+
+def test_grid_params_make_sample_return_the_grid_candidate() -> None:
+    space = _space("qwen2.5-7b", 2, EstimateRunner())
+    params = hand_grid_params(space)
+    assert len({tuple(sorted(p.items())) for p, _ in params}) == len(params)
+    for (c, _), (p, origin) in zip(hand_grid(space), params, strict=True):
+        assert origin.startswith(HAND_GRID_ORIGIN)
+        got = sample(optuna.trial.FixedTrial(p), space)
+        assert got.layout == c.layout
+        assert got.recompute_granularity == c.recompute_granularity
+        assert got.ppo_max_token_len_per_gpu == c.ppo_max_token_len_per_gpu
+
+
+def test_study_with_hand_grid_runs_each_grid_candidate_once_first(tmp_path: Path) -> None:
+    cl = Cluster(gpu=get_gpu("h100"), num_gpus=8)
+    req = TuneRequest(
+        model=REGISTRY["qwen2.5-7b"],
+        model_arg="qwen2.5-7b",
+        cluster=cl,
+        workload=PRESETS["dapo-math"],
+        runner=EstimateRunner(),
+        trials=20,
+        hand_grid=True,
+        results_dir=tmp_path / "results",
+        recipes_dir=tmp_path / "recipes",
+    )
+    run_study(req)
+    rows = read_raw(req.csv_path)
+    space = SearchSpace(model=req.model, cluster=cl, workload=req.workload)
+    n = len(hand_grid_params(space))
+    grid_rows = [r for r in rows if r["origin"].startswith(HAND_GRID_ORIGIN)]
+    assert len(grid_rows) == n > 0
+    assert sorted(int(r["trial"]) for r in grid_rows) == list(range(n))
+    # a resumed study does not enqueue the grid again
+    run_study(req)
+    again = [r for r in read_raw(req.csv_path) if r["origin"].startswith(HAND_GRID_ORIGIN)]
+    assert len(again) == n
