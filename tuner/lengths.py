@@ -112,6 +112,23 @@ class ResponseLengths:
         integral = q * (c - r) + (1 - q) * t * (math.exp(-r / t) - math.exp(-c / t))
         return min(1.0, integral / self.mean)
 
+    def mean_age_alive(self, r: float) -> float:
+        """Mean age (tokens already generated) of the responses found in flight at a random
+        time whose remaining length exceeds r: the length-biased joint law of (age, residual)
+        has density f(age + residual) / mean, so given residual > r the age has density
+        proportional to S(age + r) on [0, cap - r)."""
+        u = float(self.cap) - r
+        if u <= 0:
+            return 0.0
+        r = max(0.0, r)
+        q, t = self.clip_fraction, self.theta
+        e, eu = math.exp(-r / t), math.exp(-u / t)
+        mass = q * u + (1 - q) * t * e * (1 - eu)
+        if mass <= 0:
+            return u / 2
+        first = q * u * u / 2 + (1 - q) * e * t * t * (1 - eu * (1 + u / t))
+        return first / mass
+
     def longest_of(self, n: float) -> float:
         """Expected longest of n responses (the cap once n·P(length = cap) reaches one)."""
         n = max(1.0, n)

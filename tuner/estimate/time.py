@@ -331,7 +331,10 @@ def _decode_step_s(
     kv_params = ctx.layers * 2 * ctx.hidden * ctx.kv_dim
     # vLLM replicates kv heads when rtp exceeds them: K/V weights and cache stop shrinking
     kv_share = max(1.0 / rtp, 1.0 / ctx.kv_heads)
-    dense_w = ((ctx.total_params - ctx.expert_params_total - kv_params) / rtp) * BF16
+    # an untied input embedding is looked up row by row, never streamed (only the output
+    # layer's table is read whole); a tied table is counted once, as the output layer
+    streamed = ctx.total_params - (ctx.embed_params if ctx.head_params else 0.0)
+    dense_w = ((streamed - ctx.expert_params_total - kv_params) / rtp) * BF16
     dense_w += kv_params * kv_share * BF16
     group = rtp * rdp  # MoE layers shard the experts over the replica's tp * dp GPUs
     expert_w = ctx.expert_params_total * BF16 / group
@@ -340,15 +343,16 @@ def _decode_step_s(
         expert_w *= touched
     kv_heads_local = max(1.0, ctx.kv_heads / rtp)
     kv_token = 2 * ctx.layers * kv_heads_local * ctx.head_dim * BF16
-    mem = (dense_w + expert_w + batch * context_len * kv_token) / ctx.hbm
-    flops = batch * (
-        2 * (ctx.layers * ctx.layer_active_linear + ctx.head_or_embed())
-        + 4 * ctx.layers * ctx.q_dim * context_len
-    )
-    comp = flops / rtp / (ctx.peak * p.gemm_efficiency)
+    # the GEMMs (weights streamed or FLOPs, whichever is longer) and the attention kernels
+    # (KV cache streamed) are separate kernels that run one after the other: their times add
+    rate = ctx.peak * p.gemm_efficiency
+    linear = 2 * batch * (ctx.layers * ctx.layer_active_linear + ctx.head_or_embed())
+    gemm = max((dense_w + expert_w) / ctx.hbm, linear / rtp / rate)
+    attn_flops = 4 * batch * ctx.layers * ctx.q_dim * context_len
+    attn = max(batch * context_len * kv_token / ctx.hbm, attn_flops / rtp / rate)
     kernels = DECODE_KERNELS_DENSE_LAYER + (DECODE_KERNELS_MOE_EXTRA if ctx.is_moe else 0)
     launch = ctx.layers * kernels * p.decode_launch_s
-    gpu = max(mem, comp, launch)
+    gpu = max(gemm + attn, launch)
     comm = 0.0
     lat = p.collective_latency_s
     if rtp > 1:
@@ -432,7 +436,9 @@ def _generation(
         for i in range(DRAIN_SEGMENTS):
             r = (i + 0.5) * seg
             active = max(1.0, conc * surv(r))
-            ctx_len = prompt + min(cap, res_mean + r)
+            # survivors r tokens into the drain: their age when the queue emptied is
+            # conditioned on reaching r more tokens under the cap
+            ctx_len = prompt + min(cap, lengths.mean_age_alive(r) + r)
             seconds += seg * _decode_step_s(ctx, rtp, rdp, rep, active, ctx_len)
     else:
         surv = lengths.survival
@@ -442,15 +448,12 @@ def _generation(
             t = (i + 0.5) * seg
             active = max(1.0, share * surv(t))
             seconds += seg * _decode_step_s(ctx, rtp, rdp, rep, active, prompt + t)
-    # prefill of the engine's prompts (chunked into the decode steps, compute-bound)
+    # prefill of the engine's prompts (chunked into the decode steps, compute-bound); vLLM
+    # computes logits only at each prompt's last position (the one it samples from)
     p = ctx.profile
-    prefill_flops = (
-        share
-        * prompt
-        * (
-            2 * (ctx.layers * ctx.layer_active_linear + ctx.head_or_embed())
-            + 2 * ctx.layers * ctx.q_dim * prompt
-        )
+    prefill_flops = share * (
+        prompt * (2 * ctx.layers * ctx.layer_active_linear + 2 * ctx.layers * ctx.q_dim * prompt)
+        + 2 * ctx.head_or_embed()
     )
     seconds += prefill_flops / rtp / (ctx.peak * p.gemm_efficiency)
     gen = _Gen(seconds, conc, kv_tokens)
