@@ -11,6 +11,7 @@ from tuner.models import get_model
 from tuner.runners.megatron_pool import WorkerPool
 from tuner.runners.megatron_refusals import megatron_refusals, refusals
 from tuner.runners.megatron_worker.protocol import (
+    LEAVING,
     Progress,
     ProgressWatch,
     append_progress,
@@ -21,7 +22,7 @@ from tuner.space import Candidate, ParallelLayout
 FAKE_POOL = """
 import json, os, sys, time
 from pathlib import Path
-from tuner.runners.megatron_worker.protocol import mark_done, mark_ready, wait_request
+from tuner.runners.megatron_worker.protocol import LEAVING, mark_done, mark_ready, wait_request
 pool = Path(sys.argv[sys.argv.index("--pool") + 1])
 mark_ready(pool, 1)
 seq = 1
@@ -42,6 +43,11 @@ while True:
             time.sleep(0.05)
     Path(req["out"]).write_text(json.dumps({"status": "abandoned" if spec["mode"] == "slow"
                                             else "ok", "pid": os.getpid()}))
+    if spec["mode"] == "leak":  # as _serve: memory left after teardown, the pool exits
+        (pool / LEAVING).touch()
+        mark_done(pool, seq)
+        time.sleep(0.5)  # shutting down takes a while: a request now would find no one
+        break
     mark_done(pool, seq)
     seq += 1
 mark_done(pool, seq)
@@ -79,6 +85,45 @@ def test_pool_serves_trials_restarts_after_a_failure_and_closes(tmp_path: Path):
     proc = pool.proc
     pool.close()
     assert proc is not None and proc.returncode == 0 and not pool.alive()
+
+
+def _pool(tmp: Path, base: str = "pool") -> WorkerPool:
+    prog = tmp / "fake_pool.py"
+    prog.write_text(FAKE_POOL)
+    repo = str(Path(__file__).resolve().parents[2])
+    return WorkerPool(tmp / base, [sys.executable, str(prog)], env={"PYTHONPATH": repo})
+
+
+def test_a_pool_that_leaves_is_not_handed_the_next_trial(tmp_path: Path):
+    pool = _pool(tmp_path)
+    f = _files(tmp_path, 0, "leak")
+    o = pool.run(**f, timeout_s=30)
+    assert o.finished and not o.died and o.started_pool
+    first = pool.folder
+    assert (first / LEAVING).exists() and not pool.alive()
+    f = _files(tmp_path, 1, "ok")
+    o = pool.run(**f, timeout_s=30)
+    assert o.finished and not o.died and o.started_pool and pool.starts == 2
+    assert json.loads(f["out"].read_text())["status"] == "ok"
+    assert pool.folder != first and not (pool.folder / LEAVING).exists()
+    pool.close()
+
+
+def test_a_new_pool_never_starts_in_a_used_folder(tmp_path: Path):
+    # another pool on the same base (a study resumed, a world size change) left its marker
+    # and files in pool.0: a new WorkerPool starts in a fresh folder and keeps serving
+    (tmp_path / "pool.0").mkdir()
+    (tmp_path / "pool.0" / LEAVING).touch()
+    pool = _pool(tmp_path)
+    pids = []
+    for n in range(2):
+        f = _files(tmp_path, n, "ok")
+        o = pool.run(**f, timeout_s=30)
+        assert o.finished and not o.died
+        pids.append(json.loads(f["out"].read_text())["pid"])
+    assert pool.folder == tmp_path / "pool.1" and not (pool.folder / LEAVING).exists()
+    assert pids[0] == pids[1] and pool.starts == 1 and pool.alive()
+    pool.close()
 
 
 def test_pool_timeout_ends_the_pool(tmp_path: Path):

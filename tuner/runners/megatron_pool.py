@@ -49,6 +49,8 @@ class WorkerPool:
         env: Mapping[str, str] | None = None,
         poll_s: float = 0.5,
     ) -> None:
+        self.base = folder
+        """Each start serves from a new folder `<base>.<n>` (see `_start`)."""
         self.folder = folder
         self.command = list(command)
         self.env = dict(env or {})
@@ -62,9 +64,19 @@ class WorkerPool:
         return self.proc is not None and self.proc.poll() is None
 
     def _start(self) -> None:
+        """Start a pool in a folder no pool has used: a reused one could hold another pool's
+        `leaving` marker, `done-*` files or requests (a second WorkerPool on the same base
+        after a world size change, or a resumed study), read as this pool's."""
         self.stop()
-        self.folder = self.folder.parent / f"{self.folder.name.split('.')[0]}.{self.starts}"
-        self.folder.mkdir(parents=True, exist_ok=True)
+        n = self.starts
+        while True:
+            folder = self.base.parent / f"{self.base.name}.{n}"
+            try:
+                folder.mkdir(parents=True)  # atomic: two pools never share a folder
+                break
+            except FileExistsError:
+                n += 1
+        self.folder = folder
         self.log_path = self.folder / "pool.log"
         self.seq = 0
         self.starts += 1

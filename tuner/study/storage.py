@@ -200,13 +200,34 @@ def running_elsewhere(study: optuna.Study, locked_: bool) -> list[optuna.trial.F
     return out
 
 
+RERUN_ORIGIN = "re-run of interrupted trial "
+"""Origin (user attr and CSV column) of a trial enqueued to re-run an interrupted one; the
+interrupted trial's number follows."""
+
+
+def enqueue_rerun(study: optuna.Study, t: optuna.trial.FrozenTrial) -> bool:
+    """Enqueue the params of the interrupted trial `t` once more, so its candidate is measured
+    after all. Not `skip_if_exists`: Optuna would skip it, as params of an existing (failed)
+    trial. Once: not if a re-run of `t` is already in the study, not for a trial that was
+    itself a re-run (a candidate that kills its worker is not retried forever), not for a
+    trial killed before it sampled anything. Call under the study lock. True if enqueued."""
+    if not t.params or str(t.user_attrs.get("origin", "")).startswith(RERUN_ORIGIN):
+        return False
+    origin = f"{RERUN_ORIGIN}{t.number}"
+    if any(o.user_attrs.get("origin") == origin for o in study.get_trials(deepcopy=False)):
+        return False
+    study.enqueue_trial(dict(t.params), user_attrs={"origin": origin})
+    return True
+
+
 def reclaim_interrupted(
     study: optuna.Study, make_interrupted: Any, locked_: bool
 ) -> list[TrialRecord]:
     """Close the trials left RUNNING by a killed worker of this host: with the record it
     stored, if it stored one (killed between record and tell), else as an INTERRUPTED record
-    (Optuna FAIL; it does not count against --trials). Under the study lock a RUNNING trial
-    with no worker yet was asked by a killed process too (ask and mark happen under the lock).
+    (Optuna FAIL; it does not count against --trials) and its params enqueued once more
+    (`enqueue_rerun`). Under the study lock a RUNNING trial with no worker yet was asked by a
+    killed process too (ask and mark happen under the lock).
     `make_interrupted(trial) -> TrialRecord` builds the record of the latter."""
     out: list[TrialRecord] = []
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -214,6 +235,7 @@ def reclaim_interrupted(
         if (worker and alive(worker)) or (not worker and not locked_):
             continue
         rec = record_of(t)
+        rerun = rec is None
         if rec is None:
             rec = make_interrupted(t)
             store_record(study, t._trial_id, rec)
@@ -222,5 +244,7 @@ def reclaim_interrupted(
         if state is optuna.trial.TrialState.COMPLETE and value is None:
             state = optuna.trial.TrialState.FAIL
         study.tell(t.number, value, state=state)
+        if rerun:
+            enqueue_rerun(study, t)
         out.append(rec)
     return out
