@@ -1,0 +1,143 @@
+"""The search space: every knob declared once, the Candidate, validate() and sample().
+
+One table (`KNOBS`) declares each knob: its Candidate field, the choices the sampler offers
+(derived from the model, cluster, workload and the values drawn before it), its validity rules,
+the verl keys it sets, the argument of the megatron worker spec it maps to, and the term of the
+cost model that scores it. `sample()`, `params_for()`, `knob_overrides()` (hence the recipes and
+the verl runner), `validate()` and the CSV columns all read that table; adding a knob is one
+entry in knobs.py plus its cost-model term (torchtitan's parallel_dims / Optuna's distributions:
+one declaration, many readers).
+
+`sample()` draws only from choices that pass `validate()`, so a candidate the sampler emits is
+always valid. `validate()` still checks every rule, because candidates also come from users,
+reference recipes and resumed studies. Rules are the ones megatron-core 0.19, vLLM and verl 0.9.1
+enforce, no stricter; each is named (`RULES`) and its message says what to change.
+
+Modules: `layout` (ParallelLayout), `candidate` (Candidate and the knob choices), `rules`
+(validate() and RULES), `knobs` (KNOBS, knob_overrides()) and `sampling` (SearchSpace, sample(),
+params_for()); every public name is re-exported here.
+"""
+
+from tuner.space.candidate import (
+    ATTENTION_BACKEND_CHOICES,
+    ATTENTION_BACKENDS,
+    CANDIDATE_FIELDS,
+    LAYOUT_FIELDS,
+    MAX_NUM_SEQS_CHOICES,
+    MOE_DISPATCHER_CHOICES,
+    MOE_DISPATCHERS,
+    RECOMPUTE_GRANULARITIES,
+    RECOMPUTE_METHODS,
+    RECOMPUTE_MODULE_SETS_DENSE,
+    RECOMPUTE_MODULE_SETS_MOE,
+    RECOMPUTE_MODULES_ALLOWED,
+    VERL_DEFAULT_MAX_NUM_SEQS,
+    Candidate,
+    modules_of,
+)
+from tuner.space.knobs import (
+    ACTOR,
+    BATCHED_TOKEN_FACTORS,
+    BOOLS,
+    CP_CHOICES,
+    GPU_MEMORY_UTILIZATIONS,
+    KNOB_BY_NAME,
+    KNOBS,
+    LOG_PROB_BUDGET_FACTORS,
+    MAX_MICRO_BATCH_LOG2,
+    MAX_PP,
+    MAX_VPP,
+    NEUTRAL_PRIOR,
+    REF,
+    ROLLOUT,
+    ROLLOUT_DP_CHOICES,
+    TF_CONFIG,
+    TOKEN_BUDGET_FACTORS,
+    Choices,
+    Drawn,
+    Knob,
+    knob_overrides,
+    round_up,
+    worker_args,
+)
+from tuner.space.layout import (
+    ParallelLayout,
+    balanced_split,
+)
+from tuner.space.rules import (
+    LAYOUT_RULE_NAMES,
+    RULES,
+    Rule,
+    broken_rules,
+    check_candidate,
+    min_token_budget,
+    token_budget_problem,
+    validate,
+    validate_layout,
+)
+from tuner.space.sampling import (
+    RandomSuggester,
+    SearchSpace,
+    SpaceLimits,
+    Suggester,
+    params_for,
+    sample,
+)
+
+__all__ = [
+    "ACTOR",
+    "ATTENTION_BACKENDS",
+    "ATTENTION_BACKEND_CHOICES",
+    "BATCHED_TOKEN_FACTORS",
+    "BOOLS",
+    "CANDIDATE_FIELDS",
+    "CP_CHOICES",
+    "Candidate",
+    "Choices",
+    "Drawn",
+    "GPU_MEMORY_UTILIZATIONS",
+    "KNOBS",
+    "KNOB_BY_NAME",
+    "Knob",
+    "LAYOUT_FIELDS",
+    "LAYOUT_RULE_NAMES",
+    "LOG_PROB_BUDGET_FACTORS",
+    "MAX_MICRO_BATCH_LOG2",
+    "MAX_NUM_SEQS_CHOICES",
+    "MAX_PP",
+    "MAX_VPP",
+    "MOE_DISPATCHERS",
+    "MOE_DISPATCHER_CHOICES",
+    "NEUTRAL_PRIOR",
+    "ParallelLayout",
+    "RECOMPUTE_GRANULARITIES",
+    "RECOMPUTE_METHODS",
+    "RECOMPUTE_MODULES_ALLOWED",
+    "RECOMPUTE_MODULE_SETS_DENSE",
+    "RECOMPUTE_MODULE_SETS_MOE",
+    "REF",
+    "ROLLOUT",
+    "ROLLOUT_DP_CHOICES",
+    "RULES",
+    "RandomSuggester",
+    "Rule",
+    "SearchSpace",
+    "SpaceLimits",
+    "Suggester",
+    "TF_CONFIG",
+    "TOKEN_BUDGET_FACTORS",
+    "VERL_DEFAULT_MAX_NUM_SEQS",
+    "balanced_split",
+    "broken_rules",
+    "check_candidate",
+    "knob_overrides",
+    "min_token_budget",
+    "modules_of",
+    "params_for",
+    "round_up",
+    "sample",
+    "token_budget_problem",
+    "validate",
+    "validate_layout",
+    "worker_args",
+]

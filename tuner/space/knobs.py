@@ -1,0 +1,589 @@
+"""The knob table: every knob declared once (`KNOBS`).
+
+Each `Knob` names its Candidate field, the choices the sampler offers (derived from the model,
+cluster, workload and the values drawn before it), its validity rules, the verl keys it sets,
+the argument of the megatron worker spec it maps to, and the term of the cost model that scores
+it. `sample()`, `params_for()`, `knob_overrides()` (hence the recipes and the verl runner),
+`validate()` and the CSV columns all read that table; adding a knob is one entry here plus its
+cost-model term (torchtitan's parallel_dims / Optuna's distributions: one declaration, many
+readers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tuner.models import ModelSpec
+from tuner.space.candidate import (
+    ATTENTION_BACKEND_CHOICES,
+    LAYOUT_FIELDS,
+    MAX_NUM_SEQS_CHOICES,
+    MOE_DISPATCHER_CHOICES,
+    RECOMPUTE_GRANULARITIES,
+    RECOMPUTE_METHODS,
+    RECOMPUTE_MODULE_SETS_DENSE,
+    RECOMPUTE_MODULE_SETS_MOE,
+    Candidate,
+)
+from tuner.space.layout import ParallelLayout
+from tuner.space.rules import RULES, Rule
+
+if TYPE_CHECKING:
+    from tuner.space.sampling import SearchSpace
+
+
+ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
+ROLLOUT = "actor_rollout_ref.rollout"
+TF_CONFIG = "megatron.override_transformer_config"
+
+TOKEN_BUDGET_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0)
+"""ppo_max_token_len_per_gpu as multiples of one full sample (references use 1x to 3x)."""
+LOG_PROB_BUDGET_FACTORS = (1.0, 2.0, 3.0, 4.0, 6.0, 10.0)
+"""log_prob_max_token_len_per_gpu as multiples of one full sample (references: 1x to 10x)."""
+GPU_MEMORY_UTILIZATIONS = (0.4, 0.5, 0.6, 0.7, 0.8)
+BATCHED_TOKEN_FACTORS = (1, 2)
+MAX_MICRO_BATCH_LOG2 = 3
+MAX_PP = 16
+MAX_VPP = 4
+CP_CHOICES = (1, 2, 4, 8)
+ROLLOUT_DP_CHOICES = (1, 2, 4, 8)
+BOOLS = (True, False)
+
+Drawn = dict[str, Any]
+"""Values drawn so far in sample()/params_for(), by knob name (`layout` included)."""
+Choices = Callable[["SearchSpace", Drawn], Sequence[Any] | None]
+
+
+def _identity(v: Any, *_: Any) -> Any:
+    return v
+
+
+def _always(c: Candidate, m: ModelSpec | None) -> bool:
+    return True
+
+
+def _null_if_one(v: Any) -> Any:
+    return None if v == 1 else v
+
+
+def _null_if_zero(v: Any) -> Any:
+    return None if v == 0 else v
+
+
+def round_up(x: float, multiple: int) -> int:
+    return int(math.ceil(x / multiple) * multiple)
+
+
+def _nearest(x: float, choices: Sequence[float]) -> Any:
+    return min(choices, key=lambda ch: abs(math.log(ch) - math.log(max(x, 1e-9))))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Knob:
+    """One tuner knob, declared once: what it is, what the sampler offers, what verl key it sets,
+    what the megatron worker calls it and what the cost model reads."""
+
+    name: str
+    """Candidate field (or ParallelLayout field; `layout` is the layout itself)."""
+    help: str
+    """One line for docs and `tune show`."""
+    verl_keys: tuple[str, ...] = ()
+    """Full dotted keys (actor and ref get the same value); a leading `+` adds a key verl's
+    schema leaves open. Empty only for `layout` (its degrees are knobs of their own)."""
+    worker_arg: str = ""
+    """Argument of the megatron worker spec (`section.name`); empty for rollout knobs."""
+    cost: str
+    """The cost-model term that scores it (tuner/estimate), or `neutral prior: <why>` where no
+    model exists yet and the measured runner decides."""
+    choices: Choices | None = None
+    """Sampler values valid given what was drawn before (None: not sampled, the default or the
+    layout's value stands; one value: fixed, not suggested)."""
+    param: str = ""
+    """Sampler parameter name (default: the knob name)."""
+    int_range: bool = False
+    """The choices are a contiguous int range drawn with suggest_int."""
+    decode: Callable[[Any, SearchSpace, Drawn], Any] = _identity
+    """Sampler value -> field value."""
+    encode: Callable[[Any, SearchSpace, Drawn], Any] = _identity
+    """Field value -> sampler value (params_for)."""
+    to_verl: Callable[[Any], Any] = _identity
+    """Value as verl wants it; None becomes `null`."""
+    when: Callable[[Candidate, ModelSpec | None], bool] = _always
+    """Whether the keys are emitted (e.g. recompute keys only when on, MoE keys on MoE models)."""
+
+    @property
+    def sampler_param(self) -> str:
+        return self.param or self.name
+
+    def value(self, c: Candidate) -> Any:
+        if self.name == "layout":
+            return c.layout
+        if self.name in LAYOUT_FIELDS:
+            return getattr(c.layout, self.name)
+        return getattr(c, self.name)
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return tuple(r for r in RULES if r.knob == self.name)
+
+
+def _both(suffix: str) -> tuple[str, ...]:
+    return (f"{ACTOR}.{suffix}", f"{REF}.{suffix}")
+
+
+def _tf(key: str, declared: bool = False) -> tuple[str, ...]:
+    """An override_transformer_config key of the actor (the ref's follows it by interpolation);
+    `+` unless verl declares the key."""
+    return (("" if declared else "+") + f"{ACTOR}.{TF_CONFIG}.{key}",)
+
+
+def _moe(c: Candidate, m: ModelSpec | None) -> bool:
+    return m is not None and m.is_moe
+
+
+def _moe_space(choices: Sequence[Any]) -> Choices:
+    return lambda s, d: list(choices) if s.model.is_moe else None
+
+
+def _sp_choices(s: SearchSpace, d: Drawn) -> Sequence[Any]:
+    lay = d["layout"]
+    if lay.tp == 1 or not s.limits.sequence_parallel:
+        return [False]
+    return [True] if s.model.is_moe else [True, False]
+
+
+def _chunk(s: SearchSpace, lay: ParallelLayout) -> int:
+    return max(1, min(lay.stage_layers(s.model.num_layers)) // lay.vpp)
+
+
+def _nlayers_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    if d["recompute_granularity"] != "full":
+        return None
+    return list(range(1, _chunk(s, d["layout"]) + 1))
+
+
+def _modules_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    if d["recompute_granularity"] != "selective":
+        return None
+    # a fixed list per model (Optuna's categorical choices may not change between trials);
+    # moe_grouped_gemm, drawn after, follows it (moe_act needs the grouped GEMM)
+    return list(RECOMPUTE_MODULE_SETS_MOE if s.model.is_moe else RECOMPUTE_MODULE_SETS_DENSE)
+
+
+def _grouped_gemm_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    if not s.model.is_moe:
+        return None
+    needs = d.get("recompute_granularity") == "selective" and "moe_act" in str(
+        d.get("recompute_modules", "")
+    )
+    return [True] if needs else list(BOOLS)
+
+
+def _budget(factors: Sequence[float]) -> dict[str, Any]:
+    return dict(
+        choices=lambda s, d: list(factors) if d["use_dynamic_bsz"] else None,
+        decode=lambda f, s, d: round_up(float(f) * s.workload.max_seq_len, 1024),
+        encode=lambda v, s, d: _nearest(v / s.workload.max_seq_len, factors),
+    )
+
+
+def _micro_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    if d["use_dynamic_bsz"]:
+        return None
+    w, lay = s.workload, d["layout"]
+    per_rank = w.mini_batch_size * w.n // lay.dp
+    twos = (per_rank & -per_rank).bit_length() - 1  # largest power of two dividing it
+    return list(range(0, min(MAX_MICRO_BATCH_LOG2, twos) + 1))
+
+
+def _log2(v: Any, *_: Any) -> int:
+    return int(math.log2(v))
+
+
+def _pow2(k: Any, *_: Any) -> int:
+    return int(2 ** int(k))
+
+
+def _rollout_dp_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    """log2 of the rollout DP sizes valid with the drawn rollout TP (an int range: Optuna lets
+    int ranges change between trials, not categorical lists)."""
+    if not s.model.is_moe:
+        return None
+    rtp, cl = d["rollout_tp"], s.cluster
+    out = [0]
+    for k, x in enumerate(ROLLOUT_DP_CHOICES[1:], start=1):
+        ok = (
+            cl.local_gpus % rtp == 0
+            and cl.num_gpus % (rtp * x) == 0
+            and (rtp * x) % min(cl.local_gpus, rtp * x) == 0
+        )
+        if not ok:
+            break
+        out.append(k)
+    return out
+
+
+def _rollout_ep_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    """Whether vLLM runs the experts expert-parallel (ep = tp * dp, verl's rule)."""
+    if not s.model.is_moe:
+        return None
+    g = d["rollout_tp"] * d.get("rollout_dp", 1)
+    return [False, True] if g > 1 and s.model.num_experts % g == 0 else [False]
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob(
+        name="layout",
+        help="actor/ref parallel layout (degrees below)",
+        cost="time: every training phase (_layout_lin, phase_times_of); memory: every shard",
+        choices=lambda s, d: sorted(s.layouts),
+        decode=lambda v, s, d: s.layouts[v],
+        encode=lambda lay, s, d: lay.notation,
+    ),
+    Knob(
+        name="tp",
+        help="tensor parallel",
+        verl_keys=_both("megatron.tensor_model_parallel_size"),
+        worker_arg="layout.tp",
+        cost="time: _layout_lin(tp)",
+    ),
+    Knob(
+        name="pp",
+        help="pipeline parallel",
+        verl_keys=_both("megatron.pipeline_model_parallel_size"),
+        worker_arg="layout.pp",
+        cost="time: pipeline bubble and p2p (phase_times_of)",
+    ),
+    Knob(
+        name="vpp",
+        help="virtual pipeline stages (null = off)",
+        verl_keys=_both("megatron.virtual_pipeline_model_parallel_size"),
+        worker_arg="layout.vpp",
+        cost="time: bubble / vpp",
+        to_verl=_null_if_one,
+    ),
+    Knob(
+        name="first_stage_layers",
+        help="layers of the first pipeline stage (0 = even split)",
+        verl_keys=_tf("num_layers_in_first_pipeline_stage"),
+        worker_arg="layout.first_stage_layers",
+        cost="time: the slowest stage's layers (phase_times_of)",
+        to_verl=_null_if_zero,
+        when=lambda c, m: c.layout.first_stage_layers > 0,
+    ),
+    Knob(
+        name="last_stage_layers",
+        help="layers of the last pipeline stage (0 = even split)",
+        verl_keys=_tf("num_layers_in_last_pipeline_stage"),
+        worker_arg="layout.last_stage_layers",
+        cost="time: the slowest stage's layers (phase_times_of)",
+        to_verl=_null_if_zero,
+        when=lambda c, m: c.layout.last_stage_layers > 0,
+    ),
+    Knob(
+        name="cp",
+        help="context parallel",
+        verl_keys=_both("megatron.context_parallel_size"),
+        worker_arg="layout.cp",
+        cost="time: _layout_lin(cp) ring exchange",
+    ),
+    Knob(
+        name="ep",
+        help="expert parallel",
+        verl_keys=_both("megatron.expert_model_parallel_size"),
+        worker_arg="layout.ep",
+        cost="time: _layout_lin(ep) all-to-all",
+    ),
+    Knob(
+        name="etp",
+        help="expert tensor parallel",
+        verl_keys=_both("megatron.expert_tensor_parallel_size"),
+        worker_arg="layout.etp",
+        cost="time: _layout_lin(etp)",
+    ),
+    Knob(
+        name="sequence_parallel",
+        help="sequence parallel",
+        verl_keys=_both("megatron.sequence_parallel"),
+        worker_arg="layout.sp",
+        cost="time: _layout_lin(sp) collectives; memory: activations / tp",
+        choices=_sp_choices,
+    ),
+    Knob(
+        name="moe_token_dispatcher_type",
+        help="MoE token dispatcher",
+        verl_keys=_tf("moe_token_dispatcher_type"),
+        worker_arg="transformer.moe_token_dispatcher_type",
+        cost="time: _layout_lin dispatch (allgather volume); flex vs alltoall is a neutral prior",
+        choices=_moe_space(MOE_DISPATCHER_CHOICES),
+        when=_moe,
+    ),
+    Knob(
+        name="moe_permute_fusion",
+        help="MoE fused permute",
+        verl_keys=_tf("moe_permute_fusion"),
+        worker_arg="transformer.moe_permute_fusion",
+        cost="time: _layout_lin permute passes",
+        choices=_moe_space(BOOLS),
+        when=_moe,
+    ),
+    Knob(
+        name="recompute_granularity",
+        help="activation recompute granularity",
+        verl_keys=_tf("recompute_granularity", declared=True),
+        worker_arg="recompute.granularity",
+        cost="time: recompute term (phase_times_of); memory: kept activations",
+        choices=lambda s, d: list(RECOMPUTE_GRANULARITIES),
+        to_verl=lambda v: None if v == "none" else v,  # megatron-core: None = no recompute
+    ),
+    Knob(
+        name="recompute_method",
+        help="full recompute method",
+        verl_keys=_tf("recompute_method", declared=True),
+        worker_arg="recompute.method",
+        cost="time: recompute fraction (block)",
+        choices=lambda s, d: (
+            list(RECOMPUTE_METHODS) if d["recompute_granularity"] == "full" else None
+        ),
+        when=lambda c, m: c.recompute_granularity == "full",
+    ),
+    Knob(
+        name="recompute_num_layers",
+        help="full recompute layers",
+        verl_keys=_tf("recompute_num_layers", declared=True),
+        worker_arg="recompute.num_layers",
+        cost="time: recompute fraction (block)",
+        choices=_nlayers_choices,
+        int_range=True,
+        when=lambda c, m: c.recompute_granularity == "full",
+    ),
+    Knob(
+        name="recompute_modules",
+        help="selective recompute modules",
+        verl_keys=_tf("recompute_modules", declared=True),
+        worker_arg="recompute.modules",
+        cost="time: forward of each listed module repeated (_Lin.*_fwd_slope)",
+        choices=_modules_choices,
+        to_verl=lambda v: [x for x in str(v).split(",") if x],
+        when=lambda c, m: c.recompute_granularity == "selective",
+    ),
+    Knob(
+        name="moe_grouped_gemm",
+        help="MoE grouped GEMM",
+        verl_keys=_tf("moe_grouped_gemm"),
+        worker_arg="transformer.moe_grouped_gemm",
+        cost="time: _layout_lin per-expert GEMM launches when off",
+        choices=_grouped_gemm_choices,
+        when=_moe,
+    ),
+    Knob(
+        name="param_offload",
+        help="offload parameters and gradients",
+        verl_keys=_both("megatron.param_offload"),
+        worker_arg="offload.param",
+        cost="time: PCIe copies of weights and grads; memory: weights and grads leave the GPU",
+        choices=lambda s, d: [False, True],
+    ),
+    Knob(
+        name="optimizer_offload",
+        help="offload optimizer",
+        verl_keys=(f"{ACTOR}.megatron.optimizer_offload",),
+        worker_arg="offload.optimizer",
+        cost="time: PCIe copies of the optimizer shard; memory: optimizer leaves the GPU",
+        choices=lambda s, d: [False, True],
+    ),
+    Knob(
+        name="use_fused_kernels",
+        help="verl fused log-prob kernels",
+        verl_keys=("actor_rollout_ref.model.use_fused_kernels",),
+        worker_arg="",
+        cost="time: _logits_slope; memory: logits",
+        choices=lambda s, d: [True, False],
+    ),
+    Knob(
+        name="apply_rope_fusion",
+        help="fused RoPE",
+        verl_keys=_tf("apply_rope_fusion"),
+        worker_arg="transformer.apply_rope_fusion",
+        cost="time: _layout_lin elementwise passes over q and k",
+        choices=lambda s, d: list(BOOLS),
+    ),
+    Knob(
+        name="bias_activation_fusion",
+        help="fused bias + SwiGLU",
+        verl_keys=_tf("bias_activation_fusion"),
+        worker_arg="transformer.bias_activation_fusion",
+        cost="time: _layout_lin elementwise passes over the MLP activation",
+        choices=lambda s, d: list(BOOLS),
+    ),
+    Knob(
+        name="masked_softmax_fusion",
+        help="fused masked softmax (unfused attention backend only)",
+        verl_keys=_tf("masked_softmax_fusion"),
+        worker_arg="transformer.masked_softmax_fusion",
+        cost="time: score-matrix passes of the unfused/local backend; neutral under flash/fused",
+        choices=lambda s, d: None,
+    ),
+    Knob(
+        name="gradient_accumulation_fusion",
+        help="wgrad accumulated in the GEMM",
+        verl_keys=_tf("gradient_accumulation_fusion"),
+        worker_arg="transformer.gradient_accumulation_fusion",
+        cost="time: _layout_lin backward fp32 main-grad read/write",
+        choices=lambda s, d: list(BOOLS),
+    ),
+    Knob(
+        name="attention_backend",
+        help="megatron attention backend",
+        verl_keys=_tf("attention_backend", declared=True),
+        worker_arg="transformer.attention_backend",
+        cost="neutral prior: flash, fused and auto score alike (no measured model yet, the "
+        "measured runner decides); unfused/local: score-matrix cost in _layout_lin",
+        choices=lambda s, d: list(ATTENTION_BACKEND_CHOICES),
+    ),
+    Knob(
+        name="use_dynamic_bsz",
+        help="dynamic batch size",
+        verl_keys=(
+            f"{ACTOR}.use_dynamic_bsz",
+            f"{REF}.log_prob_use_dynamic_bsz",
+            f"{ROLLOUT}.log_prob_use_dynamic_bsz",
+        ),
+        worker_arg="batch.use_dynamic_bsz",
+        cost="time: micro-batch count (phase_times_of)",
+        choices=lambda s, d: [True, False],
+    ),
+    Knob(
+        name="ppo_max_token_len_per_gpu",
+        help="actor tokens per micro-batch per GPU",
+        verl_keys=(f"{ACTOR}.ppo_max_token_len_per_gpu",),
+        worker_arg="batch.max_token_len_per_gpu",
+        cost="time: update micro-batches; memory: activations",
+        param="ppo_max_token_len_factor",
+        when=lambda c, m: c.use_dynamic_bsz,
+        **_budget(TOKEN_BUDGET_FACTORS),
+    ),
+    Knob(
+        name="log_prob_max_token_len_per_gpu",
+        help="log-prob tokens per micro-batch per GPU",
+        verl_keys=(
+            f"{REF}.log_prob_max_token_len_per_gpu",
+            f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
+        ),
+        cost="time: log-prob micro-batches; memory: log-prob activations",
+        param="log_prob_max_token_len_factor",
+        when=lambda c, m: c.use_dynamic_bsz,
+        **_budget(LOG_PROB_BUDGET_FACTORS),
+    ),
+    Knob(
+        name="ppo_micro_batch_size_per_gpu",
+        help="actor samples per micro-batch per GPU",
+        verl_keys=(f"{ACTOR}.ppo_micro_batch_size_per_gpu",),
+        worker_arg="batch.micro_batch_size_per_gpu",
+        cost="time: update micro-batches; memory: activations",
+        param="ppo_micro_batch_log2",
+        choices=_micro_choices,
+        int_range=True,
+        decode=_pow2,
+        encode=_log2,
+        when=lambda c, m: not c.use_dynamic_bsz,
+    ),
+    Knob(
+        name="log_prob_micro_batch_size_per_gpu",
+        help="log-prob samples per micro-batch per GPU",
+        verl_keys=(
+            f"{REF}.log_prob_micro_batch_size_per_gpu",
+            f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
+        ),
+        cost="time: log-prob micro-batches; memory: log-prob activations",
+        param="log_prob_micro_batch_log2",
+        choices=lambda s, d: (
+            None if d["use_dynamic_bsz"] else list(range(0, MAX_MICRO_BATCH_LOG2 + 2))
+        ),
+        int_range=True,
+        decode=_pow2,
+        encode=_log2,
+        when=lambda c, m: not c.use_dynamic_bsz,
+    ),
+    Knob(
+        name="rollout_tp",
+        help="vLLM tensor parallel (may span nodes)",
+        verl_keys=(f"{ROLLOUT}.tensor_model_parallel_size",),
+        cost="time: _generation engines, _decode_step_s TP all-reduce (inter-node beyond a node)",
+        choices=lambda s, d: s.rollout_tps,
+    ),
+    Knob(
+        name="rollout_dp",
+        help="vLLM data parallel inside a replica (MoE)",
+        verl_keys=(f"{ROLLOUT}.data_parallel_size",),
+        cost="time: _decode_step_s expert weights over tp*dp and their collectives",
+        param="rollout_dp_log2",
+        choices=_rollout_dp_choices,
+        int_range=True,
+        decode=_pow2,
+        encode=_log2,
+    ),
+    Knob(
+        name="rollout_ep",
+        help="vLLM expert parallel (1 or tp*dp)",
+        verl_keys=(f"{ROLLOUT}.expert_parallel_size",),
+        cost="time: _decode_step_s all-to-all instead of expert-TP all-reduce",
+        param="rollout_expert_parallel",
+        choices=_rollout_ep_choices,
+        decode=lambda on, s, d: d["rollout_tp"] * d.get("rollout_dp", 1) if on else 1,
+        encode=lambda v, s, d: v > 1,
+    ),
+    Knob(
+        name="gpu_memory_utilization",
+        help="vLLM memory share",
+        verl_keys=(f"{ROLLOUT}.gpu_memory_utilization",),
+        cost="memory: KV cache -> time: _generation concurrency",
+        choices=lambda s, d: list(GPU_MEMORY_UTILIZATIONS),
+        encode=lambda v, s, d: _nearest(v, GPU_MEMORY_UTILIZATIONS),
+    ),
+    Knob(
+        name="max_num_batched_tokens",
+        help="vLLM tokens per scheduler step",
+        verl_keys=(f"{ROLLOUT}.max_num_batched_tokens",),
+        cost="time: _generation concurrency bound; memory: vLLM activations",
+        param="max_num_batched_tokens_factor",
+        choices=lambda s, d: list(BATCHED_TOKEN_FACTORS),
+        decode=lambda f, s, d: s.workload.max_seq_len * int(f),
+        encode=lambda v, s, d: _nearest(
+            (v or s.workload.max_seq_len) / s.workload.max_seq_len, BATCHED_TOKEN_FACTORS
+        ),
+    ),
+    Knob(
+        name="max_num_seqs",
+        help="vLLM sequences per engine at once",
+        verl_keys=(f"{ROLLOUT}.max_num_seqs",),
+        cost="time: _generation concurrency (busy phase steps); memory: sampler logits",
+        choices=lambda s, d: list(MAX_NUM_SEQS_CHOICES),
+    ),
+)
+KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
+NEUTRAL_PRIOR = "neutral prior"
+"""Prefix of `Knob.cost` for knobs the cost model scores alike on purpose."""
+
+
+def knob_overrides(c: Candidate, m: ModelSpec | None = None) -> dict[str, Any]:
+    """Every verl key the candidate sets, with its value (None means null). MoE knobs are
+    emitted only with a MoE `m`."""
+    out: dict[str, Any] = {}
+    for k in KNOBS:
+        if not k.verl_keys or not k.when(c, m):
+            continue
+        v = k.to_verl(k.value(c))
+        for key in k.verl_keys:
+            out[key] = v
+    return out
+
+
+def worker_args(c: Candidate) -> dict[str, Any]:
+    """Candidate values by megatron worker spec argument (`section.name`), for the runner that
+    builds the worker spec."""
+    return {k.worker_arg: k.value(c) for k in KNOBS if k.worker_arg}

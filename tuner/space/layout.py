@@ -1,0 +1,214 @@
+"""The parallel layout: Megatron degrees of the actor (and ref) and the pipeline split."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tuner.errors import UserError
+
+_DEGREE_RE = re.compile(r"(vpp|etp|tp|pp|cp|ep|dp|first|last)(\d+)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelLayout:
+    """Megatron degrees for the actor (and ref); DP is derived from the world size."""
+
+    world: int
+    """GPUs in all."""
+    tp: int = 1
+    """Tensor parallel."""
+    pp: int = 1
+    """Pipeline parallel."""
+    vpp: int = 1
+    """Virtual pipeline stages per pipeline rank (interleaved schedule); 1 = off."""
+    cp: int = 1
+    """Context parallel."""
+    ep: int = 1
+    """Expert parallel (MoE)."""
+    etp: int = 1
+    """Expert tensor parallel (MoE)."""
+    first_stage_layers: int = 0
+    """Layers of the first pipeline stage (megatron-core `num_layers_in_first_pipeline_stage`);
+    0 = the even split."""
+    last_stage_layers: int = 0
+    """Layers of the last pipeline stage (`num_layers_in_last_pipeline_stage`); 0 = even."""
+
+    def __post_init__(self) -> None:
+        for name in ("world", "tp", "pp", "vpp", "cp", "ep", "etp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}({getattr(self, name)}) must be at least 1")
+        for name in ("first_stage_layers", "last_stage_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}({getattr(self, name)}) must be 0 (even) or positive")
+        if self.world % (self.tp * self.pp * self.cp):
+            raise ValueError(
+                f"tp({self.tp}) * pp({self.pp}) * cp({self.cp}) * dp({self.dp}) "
+                f"!= world({self.world})"
+            )
+        if (self.world // self.pp) % (self.ep * self.etp):
+            raise ValueError(
+                f"ep({self.ep}) * etp({self.etp}) does not divide tp({self.tp}) * cp({self.cp})"
+                f" * dp({self.dp}) = {self.world // self.pp}"
+            )
+
+    @property
+    def dp(self) -> int:
+        return self.world // (self.tp * self.pp * self.cp)
+
+    @property
+    def expert_dp(self) -> int:
+        """Data parallel size of the expert weights."""
+        return self.world // (self.pp * self.ep * self.etp)
+
+    @property
+    def uneven(self) -> bool:
+        return bool(self.first_stage_layers or self.last_stage_layers)
+
+    @property
+    def notation(self) -> str:
+        """The reference leaderboards' notation: `tp4pp2vpp2`, `tp2cp2`, `tp4ep16` (etp 1 unless
+        written, as the references mean it). An uneven pipeline split is not part of it (the CSV
+        has it in columns); `spec` writes it."""
+        parts = [
+            f"{n}{v}"
+            for n, v in (
+                ("tp", self.tp),
+                ("pp", self.pp),
+                ("vpp", self.vpp),
+                ("cp", self.cp),
+                ("ep", self.ep),
+            )
+            if v > 1
+        ]
+        if self.etp > 1:
+            parts.append(f"etp{self.etp}")
+        return "".join(parts) or f"dp{self.dp}"
+
+    @property
+    def spec(self) -> str:
+        """The notation plus an uneven pipeline split (`pp8first10last12`): what `parse` reads
+        back to this layout."""
+        out = self.notation
+        if self.first_stage_layers:
+            out += f"first{self.first_stage_layers}"
+        if self.last_stage_layers:
+            out += f"last{self.last_stage_layers}"
+        return out
+
+    def stage_layers(self, num_layers: int) -> list[int]:
+        """Layers of each pipeline rank (all virtual stages of it together). Raises ValueError
+        with megatron-core's rule when the split is not one it builds
+        (TransformerConfig.__post_init__ "Uneven PP" and transformer_block.get_num_layers_to_build,
+        megatron-core 0.19)."""
+        pp, vpp = self.pp, self.vpp
+        f, last = self.first_stage_layers, self.last_stage_layers
+        if not self.uneven:
+            if num_layers % (pp * vpp):
+                raise ValueError(
+                    f"pp({pp}) * vpp({vpp}) does not divide the {num_layers} layers: pick degrees "
+                    f"that divide it, or an uneven split (first<N>/last<N>)"
+                )
+            return [num_layers // pp] * pp
+        if pp < 2:
+            raise ValueError("first/last stage layers need pp > 1")
+        middle_layers, middle_stages = num_layers, pp
+        for name, n in (("first", f), ("last", last)):
+            if n:
+                if vpp > 1 and n % vpp:
+                    raise ValueError(
+                        f"num_layers_in_{name}_pipeline_stage({n}) must be divisible by vpp({vpp})"
+                    )
+                middle_layers -= n
+                middle_stages -= 1
+        if middle_layers < 0 or bool(middle_layers) != bool(middle_stages):
+            raise ValueError(
+                f"first({f}) and last({last}) stage layers leave {middle_layers} of the "
+                f"{num_layers} layers for {middle_stages} middle stages"
+            )
+        per = 0
+        if middle_stages:
+            if middle_layers % middle_stages:
+                raise ValueError(
+                    f"the {middle_layers} middle layers (of {num_layers}, first({f}), last({last}))"
+                    f" do not divide over the {middle_stages} middle pipeline stages"
+                )
+            per = middle_layers // middle_stages
+            if vpp > 1 and per % vpp:
+                raise ValueError(
+                    f"the {per} layers of each middle pipeline stage are not divisible by "
+                    f"vpp({vpp})"
+                )
+        out = [per] * pp
+        if f:
+            out[0] = f
+        if last:
+            out[-1] = last
+        return out
+
+    @classmethod
+    def parse(cls, text: str, world: int) -> ParallelLayout:
+        """Read `tp4pp2vpp2`, `ep8cp2tp2`, `Tp4pp1cp1`, `all dp`, `pp8first10last12`; missing
+        degrees are 1, a missing first/last means the even split.
+
+        Without an explicit `etp`, expert tensor parallel is 1 (the references' MoE rows).
+        """
+        s = text.strip().lower().replace(" ", "")
+        if not s or not s.isascii():
+            raise UserError(
+                f"cannot read layout {text!r}: write degrees in ASCII like tp4pp2vpp2, tp2cp2, "
+                "tp4ep8 or dp8"
+            )
+        if s in ("alldp", "dp"):
+            return cls(world=world)
+        found = _DEGREE_RE.findall(s)
+        if "".join(n + v for n, v in found) != s:
+            raise UserError(
+                f"cannot read layout {text!r}: write degrees like tp4pp2vpp2, tp2cp2, tp4ep8 or "
+                "pp8first10last12"
+            )
+        repeated = sorted({n for n, _ in found if [m for m, _ in found].count(n) > 1})
+        if repeated:
+            raise UserError(
+                f"layout {text!r} gives {', '.join(repeated)} more than once: "
+                "write each degree once"
+            )
+        deg = {n: int(v) for n, v in found}
+        dp = deg.pop("dp", None)
+        for short, long in (("first", "first_stage_layers"), ("last", "last_stage_layers")):
+            if short in deg:
+                deg[long] = deg.pop(short)
+        try:
+            layout = cls(world=world, **deg)
+        except ValueError as e:
+            raise UserError(f"layout {text!r} does not fit {world} GPUs: {e}") from None
+        if dp is not None and dp != layout.dp:
+            raise UserError(f"layout {text!r}: dp({dp}) != world / (tp*pp*cp) = {layout.dp}")
+        return layout
+
+
+def balanced_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int] | None:
+    """(first, last) stage layers of the most balanced uneven split megatron-core accepts when
+    pp·vpp does not divide the layers (94 layers on pp8: middle stages of 12, first and last
+    of 11); None when the even split works or no uneven one exists. Ties go to lighter first and
+    last stages (they also hold the embedding and the output layer)."""
+    if pp < 2 or num_layers % (pp * vpp) == 0:
+        return None
+    best: tuple[tuple[int, int, int], tuple[int, int]] | None = None
+    for f in range(0, num_layers + 1, vpp):
+        for last in range(0, num_layers + 1 - f, vpp):
+            if not (f or last):
+                continue
+            lay = ParallelLayout(
+                world=pp, pp=pp, vpp=vpp, first_stage_layers=f, last_stage_layers=last
+            )
+            try:
+                stages = lay.stage_layers(num_layers)
+            except ValueError:
+                continue
+            if min(stages) <= 0:
+                continue
+            score = (max(stages), max(f, last), -min(f or 10**9, last or 10**9))
+            if best is None or score < best[0]:
+                best = (score, (f, last))
+    return best[1] if best else None

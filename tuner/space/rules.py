@@ -1,0 +1,361 @@
+"""Validity rules, each named (`RULES`), and the shared rules other modules apply.
+
+`validate()` checks every rule, because candidates also come from users, reference recipes and
+resumed studies. Rules are the ones megatron-core 0.19, vLLM and verl 0.9.1 enforce, no
+stricter; each message says what to change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.errors import UserError
+from tuner.hardware import Cluster
+from tuner.models import ModelSpec
+from tuner.space.candidate import (
+    ATTENTION_BACKENDS,
+    MOE_DISPATCHERS,
+    RECOMPUTE_GRANULARITIES,
+    RECOMPUTE_METHODS,
+    RECOMPUTE_MODULES_ALLOWED,
+    Candidate,
+    modules_of,
+)
+from tuner.space.layout import ParallelLayout
+from tuner.workload import Workload
+
+# --------------------------------------------------------------------------------------------
+# Shared rules other modules apply (one function each)
+# --------------------------------------------------------------------------------------------
+
+
+def min_token_budget(max_seq_len: int, cp: int) -> int:
+    """The smallest `*_max_token_len_per_gpu` verl accepts: one whole sample must fit the
+    micro-batch budget, which verl multiplies by cp (the actor's dynamic batching)."""
+    return math.ceil(max_seq_len / cp)
+
+
+def token_budget_problem(name: str, budget: int, cp: int, max_seq_len: int) -> str | None:
+    """The sentence when a dynamic-batching budget times cp is below one sample; else None."""
+    if budget * cp >= max_seq_len:
+        return None
+    return (
+        f"{name}({budget}) * cp({cp}) is below one sample's {max_seq_len} tokens: raise it to "
+        f"at least {min_token_budget(max_seq_len, cp)}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Validity rules, each named
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One validity rule as megatron-core, vLLM or verl enforce it."""
+
+    name: str
+    """Short id, used by tests and in docs."""
+    knob: str
+    """The knob (Candidate field, or `layout`) the rule is about."""
+    check: Callable[[Candidate, ModelSpec, Cluster, Workload], list[str]]
+    """Sentences naming what to change; empty when the candidate passes."""
+
+
+def _lay_rules(
+    lay: ParallelLayout, m: ModelSpec, cl: Cluster, w: Workload
+) -> list[tuple[str, str]]:
+    r: list[tuple[str, str]] = []
+    if lay.world != cl.num_gpus:
+        r.append(("world", f"layout is for {lay.world} GPUs, the cluster has {cl.num_gpus}"))
+    if m.num_attention_heads % lay.tp:
+        r.append(
+            (
+                "tp_heads",
+                f"tp({lay.tp}) does not divide the {m.num_attention_heads} attention heads",
+            )
+        )
+    # megatron-core: num_query_groups must be a multiple or a divisor of tp; above the kv heads
+    # each rank holds a replica of its group (TransformerConfig.__post_init__)
+    if m.num_kv_heads % lay.tp and lay.tp % m.num_kv_heads:
+        r.append(
+            (
+                "tp_kv_heads",
+                f"tp({lay.tp}) and the {m.num_kv_heads} kv heads do not divide one another",
+            )
+        )
+    if lay.vpp > 1 and lay.pp == 1:
+        r.append(("vpp_needs_pp", f"vpp({lay.vpp}) needs pp > 1"))
+    else:
+        try:
+            lay.stage_layers(m.num_layers)
+        except ValueError as e:
+            r.append(("pipeline_split", f"megatron-core refuses the pipeline split: {e}"))
+    if not m.is_moe and (lay.ep > 1 or lay.etp > 1):
+        r.append(
+            ("dense_no_ep", f"ep({lay.ep}) / etp({lay.etp}) > 1 on a dense model: set both to 1")
+        )
+    if m.is_moe and m.num_experts % lay.ep:
+        r.append(("ep_experts", f"ep({lay.ep}) does not divide the {m.num_experts} experts"))
+    if lay.cp > 1 and w.max_seq_len % (2 * lay.cp):
+        r.append(
+            (
+                "cp_seq",
+                f"cp({lay.cp}) needs sequences divisible by 2*cp = {2 * lay.cp}; "
+                f"prompt + response is {w.max_seq_len}",
+            )
+        )
+    if (w.mini_batch_size * w.n) % lay.dp:
+        r.append(
+            (
+                "mini_batch_dp",
+                f"mini batch {w.mini_batch_size} * n {w.n} is not divisible by dp({lay.dp}): "
+                "change --mini-batch or the layout",
+            )
+        )
+    return r
+
+
+LAYOUT_RULE_NAMES = (
+    "world",
+    "tp_heads",
+    "tp_kv_heads",
+    "vpp_needs_pp",
+    "pipeline_split",
+    "dense_no_ep",
+    "ep_experts",
+    "cp_seq",
+    "mini_batch_dp",
+)
+
+
+def validate_layout(
+    lay: ParallelLayout, model: ModelSpec, cluster: Cluster, workload: Workload
+) -> list[str]:
+    """Reasons the layout cannot run this model on this cluster; empty when it can."""
+    return [msg for _, msg in _lay_rules(lay, model, cluster, workload)]
+
+
+def _one(cond: bool, msg: str) -> list[str]:
+    return [msg] if cond else []
+
+
+def _sp_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    return _one(
+        c.sequence_parallel and c.layout.tp == 1,
+        "sequence parallel needs tp > 1: turn it off or raise tp",
+    )
+
+
+def _moe_sp_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    # megatron-core raises at the first training step ("performance may degrade if MoE and
+    # tensor parallelism are enabled without also enabling sequence parallelism"), measured
+    return _one(
+        m.is_moe and c.layout.tp > 1 and not c.sequence_parallel,
+        "Megatron needs sequence parallel for a MoE model with tp > 1: turn it on",
+    )
+
+
+def _choice_rule(name: str, allowed: Sequence[Any]) -> Callable[..., list[str]]:
+    def check(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+        v = getattr(c, name)
+        return _one(v not in allowed, f"{name} {v!r} is not one of {tuple(allowed)}")
+
+    return check
+
+
+def _recompute_layers_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    if c.recompute_granularity != "full":
+        return []
+    lay = c.layout
+    try:
+        stages = lay.stage_layers(m.num_layers)
+    except ValueError:
+        return []
+    chunk = min(stages) // lay.vpp
+    return _one(
+        not 1 <= c.recompute_num_layers <= max(1, chunk),
+        f"recompute_num_layers({c.recompute_num_layers}) must lie in 1..{max(1, chunk)}, the "
+        "layers of one pipeline chunk",
+    )
+
+
+def _recompute_modules_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    if c.recompute_granularity != "selective":
+        return []
+    mods = modules_of(c)
+    bad = sorted(set(mods) - set(RECOMPUTE_MODULES_ALLOWED))
+    r = _one(
+        bool(bad),
+        f"recompute_modules {bad} are not megatron-core modules: use some of "
+        f"{', '.join(RECOMPUTE_MODULES_ALLOWED)}",
+    )
+    # TransformerConfig: moe_act recompute needs the grouped GEMM
+    r += _one(
+        "moe_act" in mods and not c.moe_grouped_gemm,
+        "recompute module moe_act needs moe_grouped_gemm: turn it on or drop moe_act",
+    )
+    r += _one("mla_up_proj" in mods, "recompute module mla_up_proj needs multi-latent attention")
+    r += _one("gdn_norm_out" in mods, "recompute module gdn_norm_out needs gated delta net")
+    return r
+
+
+def _budget_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    if not c.use_dynamic_bsz:
+        return []
+    out = []
+    for name in ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
+        p = token_budget_problem(name, getattr(c, name), c.layout.cp, w.max_seq_len)
+        if p:
+            out.append(p)
+    return out
+
+
+def _micro_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    if c.use_dynamic_bsz:
+        return []
+    per_rank = w.mini_batch_size * w.n // c.layout.dp
+    mb = c.ppo_micro_batch_size_per_gpu
+    r = _one(
+        mb < 1 or per_rank % mb != 0,
+        f"ppo_micro_batch_size_per_gpu({mb}) does not divide the {per_rank} samples each DP rank "
+        "gets per mini batch",
+    )
+    lmb = c.log_prob_micro_batch_size_per_gpu
+    r += _one(lmb < 1, f"log_prob_micro_batch_size_per_gpu({lmb}) must be at least 1")
+    return r
+
+
+def _rollout_tp_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    rtp, local = c.rollout_tp, cl.local_gpus
+    if rtp < 1:
+        return [f"rollout tp({rtp}) must be at least 1"]
+    r: list[str] = []
+    # verl RolloutReplica: a replica of tp*dp GPUs is whole nodes or part of one node; vLLM runs
+    # TP across nodes (Ray), so tp may exceed a node
+    world = rtp * c.rollout_dp
+    r += _one(
+        world % min(local, world) != 0 or cl.num_gpus % world != 0,
+        f"rollout tp({rtp}) * dp({c.rollout_dp}) = {world} must divide the {cl.num_gpus} GPUs and "
+        f"be whole {local}-GPU nodes or fit in one",
+    )
+    r += _one(
+        m.num_attention_heads % rtp != 0,
+        f"rollout tp({rtp}) does not divide the {m.num_attention_heads} heads",
+    )
+    # vLLM: kv heads are split when tp divides them and replicated when kv heads divide tp
+    r += _one(
+        m.num_kv_heads % rtp != 0 and rtp % m.num_kv_heads != 0,
+        f"rollout tp({rtp}) and the {m.num_kv_heads} kv heads do not divide one another",
+    )
+    return r
+
+
+def _rollout_dp_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    d = c.rollout_dp
+    if d < 1:
+        return [f"rollout dp({d}) must be at least 1"]
+    # vllm_async_server: data parallel needs gpus_per_node divisible by tp
+    return _one(
+        d > 1 and cl.local_gpus % c.rollout_tp != 0,
+        f"rollout dp({d}) > 1 needs rollout tp({c.rollout_tp}) to divide the {cl.local_gpus} GPUs "
+        "of a node",
+    )
+
+
+def _rollout_ep_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    e = c.rollout_ep
+    # verl RolloutConfig.__post_init__: expert_parallel_size == tp * dp when > 1
+    r = _one(
+        e > 1 and e != c.rollout_tp * c.rollout_dp,
+        f"rollout ep({e}) must be 1 or rollout tp * dp = {c.rollout_tp * c.rollout_dp}",
+    )
+    r += _one(e > 1 and not m.is_moe, f"rollout ep({e}) > 1 on a dense model: set it to 1")
+    r += _one(
+        e > 1 and m.is_moe and m.num_experts % e != 0,
+        f"rollout ep({e}) does not divide the {m.num_experts} experts",
+    )
+    return r
+
+
+def _util_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    u = c.gpu_memory_utilization
+    return _one(not 0.1 <= u <= 0.95, f"gpu_memory_utilization({u}) must lie in 0.1..0.95")
+
+
+def _mnbt_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    t, seq = c.max_num_batched_tokens, w.max_seq_len
+    return _one(
+        bool(t) and t < seq,
+        f"max_num_batched_tokens({t}) is below one sample's {seq} tokens",
+    )
+
+
+def _max_num_seqs_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    return _one(c.max_num_seqs < 1, f"max_num_seqs({c.max_num_seqs}) must be at least 1")
+
+
+def _layout_rule(name: str) -> Callable[..., list[str]]:
+    def check(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+        return [msg for n, msg in _lay_rules(c.layout, m, cl, w) if n == name]
+
+    return check
+
+
+RULES: tuple[Rule, ...] = (
+    *(Rule(n, "layout", _layout_rule(n)) for n in LAYOUT_RULE_NAMES),
+    Rule("sp_needs_tp", "sequence_parallel", _sp_rule),
+    Rule("moe_tp_needs_sp", "sequence_parallel", _moe_sp_rule),
+    Rule(
+        "recompute_granularity",
+        "recompute_granularity",
+        _choice_rule("recompute_granularity", RECOMPUTE_GRANULARITIES),
+    ),
+    Rule(
+        "recompute_method", "recompute_method", _choice_rule("recompute_method", RECOMPUTE_METHODS)
+    ),
+    Rule("recompute_num_layers", "recompute_num_layers", _recompute_layers_rule),
+    Rule("recompute_modules", "recompute_modules", _recompute_modules_rule),
+    Rule(
+        "attention_backend",
+        "attention_backend",
+        _choice_rule("attention_backend", ATTENTION_BACKENDS),
+    ),
+    Rule(
+        "moe_token_dispatcher_type",
+        "moe_token_dispatcher_type",
+        _choice_rule("moe_token_dispatcher_type", MOE_DISPATCHERS),
+    ),
+    Rule("token_budget", "ppo_max_token_len_per_gpu", _budget_rule),
+    Rule("micro_batch", "ppo_micro_batch_size_per_gpu", _micro_rule),
+    Rule("rollout_tp", "rollout_tp", _rollout_tp_rule),
+    Rule("rollout_dp", "rollout_dp", _rollout_dp_rule),
+    Rule("rollout_ep", "rollout_ep", _rollout_ep_rule),
+    Rule("gpu_memory_utilization", "gpu_memory_utilization", _util_rule),
+    Rule("max_num_batched_tokens", "max_num_batched_tokens", _mnbt_rule),
+    Rule("max_num_seqs", "max_num_seqs", _max_num_seqs_rule),
+)
+
+
+def broken_rules(
+    c: Candidate, model: ModelSpec, cluster: Cluster, workload: Workload
+) -> list[tuple[str, str]]:
+    """(rule name, sentence) of every rule the candidate breaks."""
+    return [(rule.name, msg) for rule in RULES for msg in rule.check(c, model, cluster, workload)]
+
+
+def validate(c: Candidate, model: ModelSpec, cluster: Cluster, workload: Workload) -> list[str]:
+    """Reasons the candidate cannot run; an empty list means valid."""
+    return [msg for _, msg in broken_rules(c, model, cluster, workload)]
+
+
+def check_candidate(c: Candidate, model: ModelSpec, cluster: Cluster, workload: Workload) -> None:
+    """Raise one UserError line naming every broken rule (what `tune estimate --layout` shows)."""
+    broken = broken_rules(c, model, cluster, workload)
+    if broken:
+        raise UserError(
+            f"layout {c.layout.spec}: " + "; ".join(f"[{n}] {msg}" for n, msg in broken)
+        )

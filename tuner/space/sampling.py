@@ -1,0 +1,247 @@
+"""Sampling: the SearchSpace of a model, cluster and workload, sample() and params_for().
+
+`sample()` draws only from choices that pass `validate()`, so a candidate the sampler emits is
+always valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Protocol
+
+from tuner.errors import UserError
+from tuner.hardware import Cluster
+from tuner.models import ModelSpec
+from tuner.space.candidate import Candidate
+from tuner.space.knobs import CP_CHOICES, KNOBS, MAX_PP, MAX_VPP, Drawn
+from tuner.space.layout import ParallelLayout, balanced_split
+from tuner.space.rules import validate_layout
+from tuner.workload import Workload
+
+
+class Suggester(Protocol):
+    """What sample() needs from an Optuna trial (a RandomSuggester offers the same)."""
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
+
+    def suggest_int(self, name: str, low: int, high: int) -> int: ...
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpaceLimits:
+    """What a runner can measure: the space leaves out what it cannot run and pins the sampler
+    parameters it does not measure, so no trial is spent on a difference it cannot see."""
+
+    context_parallel: bool = True
+    """Layouts with cp > 1 (megatron-core needs transformer-engine for them)."""
+    sequence_parallel: bool = True
+    """Sequence parallel (transformer-engine too); without it MoE layouts with tp > 1 are left
+    out, as Megatron requires sequence parallel there."""
+    pinned: tuple[tuple[str, Any], ...] = ()
+    """Sampler parameters (names as sample() suggests them) fixed to a value."""
+    why: str = ""
+    """One line for the study's first output: what is left out and why."""
+
+    def pin(self, name: str) -> tuple[bool, Any]:
+        for k, v in self.pinned:
+            if k == name:
+                return True, v
+        return False, None
+
+    @property
+    def summary(self) -> str:
+        parts = [] if self.context_parallel else ["cp1"]
+        if not self.sequence_parallel:
+            parts.append("nosp")
+        parts += [f"{k}={v}" for k, v in self.pinned]
+        return ",".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """The valid choices for one (model, cluster, workload); fixed for a study's life."""
+
+    model: ModelSpec
+    cluster: Cluster
+    workload: Workload
+    limits: SpaceLimits = field(default_factory=SpaceLimits)
+
+    @cached_property
+    def layouts(self) -> dict[str, ParallelLayout]:
+        """Every valid parallel layout, by notation. Where pp·vpp does not divide the layers the
+        most balanced uneven split megatron-core accepts stands for that (pp, vpp)."""
+        m, world = self.model, self.cluster.num_gpus
+        out: dict[str, ParallelLayout] = {}
+        experts = _divisors(m.num_experts) if m.is_moe else [1]
+        for tp in _divisors(self.cluster.local_gpus):
+            if tp > 1 and m.is_moe and not self.limits.sequence_parallel:
+                continue  # Megatron needs sequence parallel for MoE with tp > 1
+            for pp in range(1, min(MAX_PP, m.num_layers) + 1):
+                for cp in CP_CHOICES if self.limits.context_parallel else (1,):
+                    if world % (tp * pp * cp):
+                        continue
+                    vpps = [1] + [v for v in range(2, MAX_VPP + 1) if pp > 1]
+                    etps = sorted({1, tp}) if m.is_moe else [1]
+                    for vpp in vpps:
+                        split = _split(m.num_layers, pp, vpp)
+                        if split is None:
+                            continue
+                        for ep in experts:
+                            for etp in etps:
+                                if (world // pp) % (ep * etp):
+                                    continue
+                                lay = ParallelLayout(
+                                    world=world,
+                                    tp=tp,
+                                    pp=pp,
+                                    vpp=vpp,
+                                    cp=cp,
+                                    ep=ep,
+                                    etp=etp,
+                                    first_stage_layers=split[0],
+                                    last_stage_layers=split[1],
+                                )
+                                if not validate_layout(lay, m, self.cluster, self.workload):
+                                    out.setdefault(lay.notation, lay)
+        return out
+
+    @cached_property
+    def rollout_tps(self) -> list[int]:
+        """vLLM TP sizes: divisors of a node, and whole multiples of a node (TP across nodes)."""
+        m, cl = self.model, self.cluster
+        sizes = _divisors(cl.local_gpus) + [
+            cl.local_gpus * k
+            for k in range(2, cl.num_nodes + 1)
+            if cl.num_gpus % (cl.local_gpus * k) == 0
+        ]
+        return [
+            t
+            for t in sizes
+            if m.num_attention_heads % t == 0
+            and (m.num_kv_heads % t == 0 or t % m.num_kv_heads == 0)
+        ]
+
+    def check_nonempty(self) -> None:
+        """Raise a UserError naming what to change when no layout fits."""
+        if self.layouts and self.rollout_tps:
+            return
+        w, c = self.workload, self.cluster
+        why = (
+            f"{self.model.name} on {c.num_gpus} GPUs ({c.gpus_per_node} per node) with mini "
+            f"batch {w.mini_batch_size} x n {w.n}"
+        )
+        raise UserError(
+            f"no parallel layout fits {why}: choose --gpus so that the data-parallel size "
+            f"divides {w.mini_batch_size * w.n} samples (e.g. a power of two)"
+        )
+
+    def fingerprint(self) -> str:
+        """Identifies the choices; a study refuses to resume under different choices."""
+        w, c, m = self.workload, self.cluster, self.model
+        return (
+            f"{m.name}|{m.num_layers}x{m.hidden_size}|{c.gpu.name}x{c.num_gpus}/"
+            f"{c.gpus_per_node}|{w.prompt_len}+{w.response_len}|{w.batch_size}x{w.n}/"
+            f"{w.mini_batch_size}|{len(self.layouts)}"
+            + (f"|{self.limits.summary}" if self.limits.summary else "")
+        )
+
+
+_SPLITS: dict[tuple[int, int, int], tuple[int, int] | None] = {}
+
+
+def _split(num_layers: int, pp: int, vpp: int) -> tuple[int, int] | None:
+    """(first, last) of the layouts the space offers for (pp, vpp): (0, 0) for the even split,
+    the balanced uneven one otherwise, None when there is none."""
+    key = (num_layers, pp, vpp)
+    if key not in _SPLITS:
+        if num_layers % (pp * vpp) == 0:
+            _SPLITS[key] = (0, 0)
+        else:
+            _SPLITS[key] = balanced_split(num_layers, pp, vpp)
+    return _SPLITS[key]
+
+
+class _Limited:
+    """A Suggester that answers pinned parameters itself (they are never suggested)."""
+
+    def __init__(self, t: Suggester, limits: SpaceLimits) -> None:
+        self.t, self.limits = t, limits
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        pinned, v = self.limits.pin(name)
+        return v if pinned and v in choices else self.t.suggest_categorical(name, choices)
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        pinned, v = self.limits.pin(name)
+        return int(v) if pinned and low <= v <= high else self.t.suggest_int(name, low, high)
+
+
+def sample(t: Suggester, space: SearchSpace) -> Candidate:
+    """Draw one candidate, knob by knob in KNOBS order. Every value is drawn from choices valid
+    for the values drawn before it, so the result passes validate() (a property test holds
+    this). A knob with one valid choice takes it without a suggestion."""
+    if space.limits.pinned:
+        t = _Limited(t, space.limits)
+    drawn: Drawn = {}
+    for k in KNOBS:
+        if k.choices is None:
+            continue
+        ch = k.choices(space, drawn)
+        if ch is None:
+            continue
+        ch = list(ch)
+        if len(ch) == 1:
+            v = ch[0]
+        elif k.int_range:
+            v = t.suggest_int(k.sampler_param, ch[0], ch[-1])
+        else:
+            v = t.suggest_categorical(k.sampler_param, ch)
+        drawn[k.name] = k.decode(v, space, drawn)
+    lay = drawn.pop("layout")
+    return Candidate(layout=lay, **drawn)
+
+
+def params_for(c: Candidate, space: SearchSpace) -> dict[str, Any]:
+    """The sampler parameters that make sample() return `c` (for Optuna's enqueue_trial).
+
+    Token budgets and shares snap to the nearest value the space offers."""
+    drawn: Drawn = {}
+    p: dict[str, Any] = {}
+    for k in KNOBS:
+        if k.choices is None:
+            continue
+        ch = k.choices(space, drawn)
+        if ch is None:
+            continue
+        v = k.value(c)
+        if len(ch) > 1:
+            p[k.sampler_param] = k.encode(v, space, drawn)
+        drawn[k.name] = v
+    for name, _ in space.limits.pinned:
+        p.pop(name, None)
+    return p
+
+
+class RandomSuggester:
+    """Draws uniformly from the same choices an Optuna trial would offer (for ranking many
+    candidates with the estimator before the study starts)."""
+
+    def __init__(self, rng: Any) -> None:
+        self.rng = rng
+        self.params: dict[str, Any] = {}
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        v = choices[self.rng.randrange(len(choices))]
+        self.params[name] = v
+        return v
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        v = self.rng.randint(low, high)
+        self.params[name] = v
+        return v
