@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -109,9 +110,18 @@ def test_fused_kernels_drop_the_logits() -> None:
         DAPO,
         P,
     )
-    assert fused.logits_gib == 0
-    # 10240 tokens x vocab/4 x (bf16 logits + fp32 log-softmax + fp32 grad)
-    assert plain.logits_gib * GIB == pytest.approx(10240 * 152064 / 4 * 10)
+    # fused: one 2048-token chunk's fp32 logits, probabilities and gradient temporaries, and
+    # the output weight's fp32 gradient with a chunk's bf16 product (the runner's fused path)
+    v, h = 152064 / 4, 3584
+    assert fused.logits_gib * GIB == pytest.approx(2048 * v * 20 + v * h * 6)
+    assert fused.logits_gib < plain.logits_gib
+    # plain: the largest update micro-batch x vocab/4 x (bf16 logits + fp32 log-softmax + grad)
+    from tuner.estimate.context import get_context
+    from tuner.estimate.memory import _peak_micro_tokens
+
+    c = cand("tp4", use_fused_kernels=False, log_prob_max_token_len_per_gpu=10240)
+    tokens = _peak_micro_tokens(get_context(QWEN7B, H100x8, DAPO, P), c, log_prob=False)
+    assert plain.logits_gib * GIB == pytest.approx(tokens * v * 10)
     assert plain.update_peak_gib > fused.update_peak_gib
 
 
@@ -254,3 +264,82 @@ def test_memory_does_not_depend_on_time_constants() -> None:
     a = memory(cand("tp4"), QWEN7B, H100x8, DAPO, P)
     b = memory(cand("tp4"), QWEN7B, H100x8, DAPO, slow)
     assert a.update_peak_gib == b.update_peak_gib
+
+
+MEASURED = Path(__file__).resolve().parent.parent / "data" / "memory"
+
+
+def _measured_case(name: str, trial: str) -> tuple[object, dict[str, str]]:
+    from tuner.estimate.validate import load_cases
+    from tuner.results import read_rows
+
+    path = MEASURED / name
+    row = next(r for r in read_rows(path) if r["trial"] == trial)
+    case = next(c for c in load_cases([path]) if c.label.endswith(f":{trial}"))
+    return case, row
+
+
+@pytest.mark.parametrize(
+    ("name", "trial"),
+    [
+        ("dense8k-h200-x2.csv", "0"),
+        ("dense8k-h200-x2.csv", "3"),
+        ("moe8k-h200-x2.csv", "0"),
+        ("small16k-h100-x1.csv", "2"),
+        ("small16k-h100-x1.csv", "25"),
+    ],
+)
+def test_largest_micro_batch_is_the_runners_plan(name: str, trial: str) -> None:
+    """With dynamic batching the model plans the micro-batches as the runner does (same
+    lengths, same partition), so its largest is the one the runner recorded: more than the
+    budget where verl's workload balancing puts two long samples together (dense trial 0:
+    budget 9216, 11508 tokens)."""
+    from tuner.estimate.context import get_context
+    from tuner.estimate.memory import _peak_micro_tokens
+
+    case, row = _measured_case(name, trial)
+    extra = dict(kv.split("=", 1) for kv in row["extra"].split(";") if "=" in kv)
+    ctx = get_context(case.model, case.cluster, case.workload, P)  # type: ignore[attr-defined]
+    tokens = _peak_micro_tokens(ctx, case.candidate, log_prob=False)  # type: ignore[attr-defined]
+    # within 1%: the workload is rebuilt from the row (its mean lengths as written)
+    assert tokens == pytest.approx(int(extra["update_actor_max_micro_batch_tokens"]), rel=0.01)
+    lp = _peak_micro_tokens(ctx, case.candidate, log_prob=True)  # type: ignore[attr-defined]
+    assert lp == pytest.approx(int(extra["old_log_prob_max_micro_batch_tokens"]), rel=0.01)
+
+
+def test_local_spec_keeps_the_unfused_swiglu_and_fp32_norm_inputs() -> None:
+    """Without bias_activation_fusion the SwiGLU keeps silu(x1) too (one more ffn/tp-wide bf16
+    tensor); with every TE/apex fusion off (the megatron-core runner) the two RMSNorms keep
+    their fp32 input (8 bytes per hidden unit), and the process holds LOCAL_SPEC_OUTSIDE_GIB
+    outside PyTorch instead of CUDA_CONTEXT_GIB."""
+    from tuner.estimate.memfit import LOCAL_SPEC_OUTSIDE_GIB
+    from tuner.estimate.memory import activation_bytes_per_token_layer
+
+    base = cand("tp2", 2)
+    unfused = cand("tp2", 2, bias_activation_fusion=False)
+    local = cand(
+        "tp2",
+        2,
+        bias_activation_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+    )
+    a0, a1, a2 = (activation_bytes_per_token_layer(QWEN7B, c) for c in (base, unfused, local))
+    assert a1 - a0 == pytest.approx(18944 * 2 / 2)
+    assert a2 - a1 == pytest.approx(8 * 3584 / (2 if local.sequence_parallel else 1))
+    h200x2 = Cluster(gpu=GPUS["h200"], num_gpus=2, gpus_per_node=2)
+    m0 = memory(base, QWEN7B, h200x2, DAPO, P)
+    m2 = memory(local, QWEN7B, h200x2, DAPO, P)
+    assert m0.cuda_context_gib == CUDA_CONTEXT_GIB
+    assert m2.cuda_context_gib == LOCAL_SPEC_OUTSIDE_GIB
+
+
+def test_dense_tp2_without_recompute_is_measured_within_three_percent() -> None:
+    """results/dense8k-h200-x2.csv trial 0 (Qwen2.5-7B, tp2, no recompute, budget 9216): 109.4
+    GiB allocated, 118.8 GiB device; the model said 86.5 / 97.1 before it planned the
+    micro-batches and counted the local spec's tensors and the fused path's backward."""
+    case, row = _measured_case("dense8k-h200-x2.csv", "0")
+    m = memory(case.candidate, case.model, case.cluster, case.workload, P)  # type: ignore[attr-defined]
+    assert m.update_peak_gib == pytest.approx(float(row["peak_mem_gib"]), rel=0.03)
+    device = m.update_device_gib - m.reference_gib
+    assert device == pytest.approx(float(row["peak_mem_device_gib"]), rel=0.04)

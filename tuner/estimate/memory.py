@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 from tuner.estimate.context import (
     BF16,
@@ -20,6 +21,7 @@ from tuner.estimate.context import (
 )
 from tuner.estimate.memfit import (
     CUDA_CONTEXT_GIB,
+    LOCAL_SPEC_OUTSIDE_GIB,
     WORKSPACE_GIB,
     nccl_gib,
     slack_gib,
@@ -45,6 +47,44 @@ place; the model keeps the temporary anyway (it decides fitting: conservative th
 the update's peak when activations are small (full recompute, a large DP shard): the dense
 full-recompute row of results/dense-h200-x2.csv measured 78.3 GiB, its states 63.9 GiB plus
 this 14.2 GiB."""
+
+UNFUSED_SWIGLU_EXTRA = 1
+"""Extra ffn-wide bf16 tensors per token an unfused SwiGLU keeps (bias_activation_fusion off):
+megatron-core's `glu` runs silu(x1) * x2 as two autograd ops, so beside the fc1 output (2 ffn
+wide, kept by silu and the product) and the product (fc2's input) it keeps silu(x1) too; the
+fused bias_swiglu keeps only its input. Measured: the small16k rows of results/
+small16k-h100-x1.csv (Qwen3-1.7B, one H100, full recompute of 4..13 layers at 27630-token
+micro-batches) grow 2.57 GiB per recomputed layer: 99.7 kB per token-layer, against 100.4 kB
+with this term and LOCAL_NORM_EXTRA_BYTES."""
+LOCAL_NORM_EXTRA_BYTES = 8.0
+"""Bytes per hidden unit per token-layer that the two torch.nn.RMSNorms of megatron-core's
+local spec keep beyond their bf16 input and output (4 bytes each: the fp32 upcast of the
+input that PyTorch's composite rms_norm saves for backward). transformer-engine's fused norms
+keep input and output only. Measured: Qwen2.5-7B tp2 without recompute (results/
+dense8k-h200-x2.csv trials 0, 14) keeps 45.4 GiB over 28 layers x 11508 tokens, 146 kB per
+token-layer after one layer's backward transient, against 145.5 kB with this and
+UNFUSED_SWIGLU_EXTRA (116.8 kB without it)."""
+
+FUSED_CHUNK_TOKENS = 2048
+"""Tokens per chunk of the fused log-prob / entropy path (use_fused_kernels): the megatron-core
+runner's (tuner/runners/megatron_worker/logprob.py FUSED_CHUNK_TOKENS)."""
+FUSED_CHUNK_BWD_BYTES = 5 * FP32
+"""Per logit of one chunk in the fused path's backward: the fp32 logits and probabilities and,
+while the gradient expression is evaluated, three fp32 temporaries (logprob.py `backward`)."""
+FUSED_CHUNK_FWD_BYTES = BF16 + 2 * FP32
+"""Per logit of one chunk in its forward: the bf16 matmul, its fp32 copy and the exponentials."""
+FUSED_WEIGHT_GRAD_BYTES = FP32 + BF16
+"""Per output-layer weight: the fused backward accumulates the weight's gradient in fp32 over
+the chunks, each chunk's bf16 product beside it. With the chunk it sits on top of the
+micro-batch's stored activations at the start of the backward: Qwen3-1.7B full recompute
+at 15601 / 27630-token micro-batches
+(results/small16k-h100-x1.csv trials 2, 3) held 9.4 / 10.9 GiB beyond the states, 3.0 / 5.4 of
+activations (1.7 / 3.0 of them stored layer inputs) plus 7.5 of these."""
+BACKWARD_LAYER_GRADS = 1.0
+"""Layers' worth of activation gradients the layer in backward holds beside its saved
+activations (the gradients of its intermediates are as large as they). Measured: Qwen3-1.7B,
+full recompute of 4..13 layers (results/small16k-h100-x1.csv trials 17, 33..36, 43) held
+2.1..4.1 GiB more than the stored inputs and the recomputed layers; one layer is 2.6 GiB."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,25 +195,55 @@ def activation_bytes_per_token_layer(m: ModelSpec, c: Candidate) -> float:
     """Bytes one token keeps for the backward pass in one layer, no recompute (flash attention:
     no s^2 term; Korthikanti et al. 2022 adapted to GQA, SwiGLU and MoE)."""
     ctx = get_context(m, _ANY_CLUSTER, _ANY_WORKLOAD, _DEFAULT)
-    return _act_per_token_layer(ctx, c.layout, c.sequence_parallel, c.recompute_granularity)
+    return _act_per_token_layer(
+        ctx,
+        c.layout,
+        c.sequence_parallel,
+        c.recompute_granularity,
+        fused_swiglu=c.bias_activation_fusion,
+        local_norm=_local_norms(c),
+    )
 
 
-def _act_per_token_layer(ctx: Context, lay: ParallelLayout, sp: bool, granularity: str) -> float:
+def _local_norms(c: Candidate) -> bool:
+    """The candidate runs megatron-core's local spec, without transformer-engine / apex
+    kernels (its RMSNorms are torch.nn.RMSNorm; its process is the megatron-core runner's
+    worker, memfit.LOCAL_SPEC_OUTSIDE_GIB): the megatron-core runner turns off every fusion
+    that needs them (tuner/runners/megatron.py FIXED), verl's defaults keep them on."""
+    return not (
+        getattr(c, "bias_activation_fusion", True)
+        or getattr(c, "apply_rope_fusion", True)
+        or getattr(c, "gradient_accumulation_fusion", True)
+    )
+
+
+def _act_per_token_layer(
+    ctx: Context,
+    lay: ParallelLayout,
+    sp: bool,
+    granularity: str,
+    *,
+    fused_swiglu: bool = True,
+    local_norm: bool = False,
+) -> float:
     t = lay.tp
     sp_div = t if sp else 1
     h, q, kv = ctx.hidden, ctx.q_dim, ctx.kv_dim
     # norm inputs, QKV input, residual-width tensors (sequence-sharded under SP)
     width = 4 * h * BF16 / sp_div
+    if local_norm:
+        width += LOCAL_NORM_EXTRA_BYTES * h / sp_div
     qkv = (q + 2 * kv) * BF16 / t
     core_out = q * BF16 / t + ctx.heads * FP32 / t  # attention output and softmax stats
     if granularity == "selective":
         core_out = 0.0  # the attention core is recomputed from Q, K, V
+    swiglu = 3 if fused_swiglu else 3 + UNFUSED_SWIGLU_EXTRA
     if ctx.is_moe:
         routed = ctx.topk * lay.etp / sp_div if sp else ctx.topk
         f = ctx.moe_ffn / lay.etp
-        mlp = routed * (2 * h + 3 * f) * BF16 + 2 * ctx.experts * FP32 / sp_div
+        mlp = routed * (2 * h + swiglu * f) * BF16 + 2 * ctx.experts * FP32 / sp_div
     else:
-        mlp = 3 * ctx.ffn * BF16 / t
+        mlp = swiglu * ctx.ffn * BF16 / t
     return width + qkv + core_out + mlp
 
 
@@ -186,8 +256,75 @@ def micro_batch_tokens(c: Candidate, w: Workload, log_prob: bool = False) -> flo
     return mbs * w.max_seq_len / c.layout.cp
 
 
+BATCH_PLAN_SEED = 0
+"""Seed of the sample lengths the largest micro-batch is planned on: the megatron runner's
+default (`tuner.runners.megatron.worker_spec(seed=0)`), so the plan is the one it measures."""
+BATCH_PLAN_MAX_SAMPLES = 4096
+"""Above this many samples in the planned mini-batches the plan is not simulated (pure-Python
+partitioning; a cost model call must stay cheap) and the analytic estimate stands."""
+
+
 def _peak_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
     """Tokens per GPU of the largest micro-batch a step is expected to see.
+
+    With dynamic batching, the micro-batches of the sample lengths the megatron runner draws
+    (`tuner.runners.megatron.step_lengths`, seed BATCH_PLAN_SEED, the mini-batches it runs),
+    placed by `tuner.runners.batching.plan_step` as verl does: the budget sets the count of
+    micro-batches, not a cap, and verl's workload-balanced partition (24576 s + s^2 per
+    sample) puts more than the budget in some. Measured: budget 9216 gave 11508-token
+    micro-batches on Qwen2.5-7B 8k (results/dense8k-h200-x2.csv, extra
+    `update_actor_max_micro_batch_tokens`), and the model that capped them at the budget
+    under-predicted the tp2 no-recompute rows by 18% (86.5 against 109.4 GiB allocated).
+    Where the plan cannot be made, `_analytic_micro_tokens`."""
+    if c.use_dynamic_bsz:
+        planned = _planned_micro_tokens(ctx, c, log_prob)
+        if planned is not None:
+            return planned
+    return _analytic_micro_tokens(ctx, c, log_prob)
+
+
+def _planned_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float | None:
+    """Largest micro-batch of the runner's batch plan, tokens per GPU (None: no plan)."""
+    lay = c.layout
+    budget = c.log_prob_max_token_len_per_gpu if log_prob else c.ppo_max_token_len_per_gpu
+    if log_prob and not budget:
+        budget = c.ppo_max_token_len_per_gpu
+    multiple = lay.pp if (lay.vpp > 1 and not log_prob) else 1
+    key = ("micro_plan", log_prob, lay.dp, lay.cp, multiple, budget)
+    if key in ctx.layout_cache:
+        v = ctx.layout_cache[key]
+        return None if v is None else float(v)  # type: ignore[arg-type]
+    from tuner.runners.batching import plan_step
+    from tuner.runners.megatron import DEFAULT_MINI_BATCHES, step_lengths
+
+    w = ctx.workload
+    run = min(DEFAULT_MINI_BATCHES, max(1, w.mini_batches_per_step))
+    out: float | None = None
+    if budget > 0 and run * w.mini_batch_size * w.n <= BATCH_PLAN_MAX_SAMPLES:
+        try:
+            lkey = ("micro_plan_lengths", run)
+            if lkey not in ctx.layout_cache:
+                ctx.layout_cache[lkey] = step_lengths(w, run * w.mini_batch_size, BATCH_PLAN_SEED)
+            lengths = cast(list[int], ctx.layout_cache[lkey])
+            plan = plan_step(
+                lengths,
+                dp=lay.dp,
+                mini_batch_size=len(lengths) if log_prob else w.mini_batch_size * w.n,
+                use_dynamic_bsz=True,
+                max_token_len_per_gpu=budget,
+                cp=lay.cp,
+                micro_batch_multiple=multiple,
+            )
+            out = plan.max_micro_tokens() / lay.cp
+        except ValueError:
+            out = None
+    ctx.layout_cache[key] = out
+    return out
+
+
+def _analytic_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
+    """Tokens per GPU of the largest micro-batch a step is expected to see, from the length
+    distribution's moments alone.
 
     Without dynamic batching: the samples per micro-batch at the step's longest sample. With it,
     verl (`rearrange_micro_batches`) cuts each DP rank's share of a mini-batch (of the whole batch
@@ -305,7 +442,14 @@ def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> Memory
     optim = OPTIMIZER_BYTES * (dense / (lay.dp * lay.cp) + expert / edp)
 
     layers_stage = ctx.layers / lay.pp
-    per_layer = _act_per_token_layer(ctx, lay, c.sequence_parallel, c.recompute_granularity)
+    per_layer = _act_per_token_layer(
+        ctx,
+        lay,
+        c.sequence_parallel,
+        c.recompute_granularity,
+        fused_swiglu=c.bias_activation_fusion,
+        local_norm=_local_norms(c),
+    )
     tokens = _peak_micro_tokens(ctx, c, log_prob=False)
     in_flight = in_flight_micro_batches(lay, n_micro_update or lay.pp)
     stored, working = _stored_and_working(ctx, c, tokens, per_layer, layers_stage)
@@ -314,6 +458,13 @@ def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> Memory
     logits_upd = 0.0 if c.use_fused_kernels else tokens * vocab_local * LOGIT_BYTES_UPDATE
     lp_tokens = _peak_micro_tokens(ctx, c, log_prob=True)
     logits_lp = 0.0 if c.use_fused_kernels else lp_tokens * vocab_local * LOGIT_BYTES_LOG_PROB
+    if c.use_fused_kernels:
+        head = vocab_local * ctx.hidden  # the output layer's weight on this rank
+        logits_upd = (
+            min(tokens, FUSED_CHUNK_TOKENS) * vocab_local * FUSED_CHUNK_BWD_BYTES
+            + head * FUSED_WEIGHT_GRAD_BYTES
+        )
+        logits_lp = min(lp_tokens, FUSED_CHUNK_TOKENS) * vocab_local * FUSED_CHUNK_FWD_BYTES
     sp_div = lay.tp if c.sequence_parallel else 1
     # forward-only transients: the residual stream plus one layer's intermediates
     lp_acts = lp_tokens * (2 * ctx.hidden * BF16 / sp_div + per_layer)
@@ -343,11 +494,16 @@ def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> Memory
     # the optimizer step runs after the micro-batches' transients are freed; its own transient
     # is the largest shard's Adam temporary (memory: ADAM_STEP_TEMP_BYTES)
     step_temp = ADAM_STEP_TEMP_BYTES * max(dense / (lay.dp * lay.cp), expert / edp)
-    upd_transient = max(acts + logits_upd + dispatch_upd, step_temp)
+    # the backward starts at the output layer (its logits / fused-chunk transient on top of
+    # the stored activations), then walks the layers: the one in backward holds its
+    # recomputed working set plus the gradients of its activations (BACKWARD_LAYER_GRADS)
+    layer_grads = BACKWARD_LAYER_GRADS * tokens * per_layer
+    backward = max(working + layer_grads, logits_upd)
+    upd_transient = max(stored * in_flight + backward + dispatch_upd, step_temp)
     upd_peak = weights + grads + optim + critic + ref_w + upd_transient + ws
     kv = kv_cache_bytes(ctx, c)
     g = GIB
-    cuda_ctx = CUDA_CONTEXT_GIB
+    cuda_ctx = LOCAL_SPEC_OUTSIDE_GIB if _local_norms(c) else CUDA_CONTEXT_GIB
     nccl = _nccl_of(ctx, lay)
     outside = cuda_ctx + nccl
     slack_lp = slack_gib(lp_transient / g)
