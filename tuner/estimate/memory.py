@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import cast
 
 from tuner.estimate.context import (
     BF16,
@@ -283,6 +282,12 @@ def _peak_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
     return _analytic_micro_tokens(ctx, c, log_prob)
 
 
+_PLANS: dict[tuple[object, ...], float | None] = {}
+"""Largest planned micro-batch by (workload, log_prob, dp, cp, multiple, budget)."""
+_PLAN_LENGTHS: dict[tuple[object, ...], list[int]] = {}
+"""The runner's drawn step lengths by (workload, mini-batches run)."""
+
+
 def _planned_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float | None:
     """Largest micro-batch of the runner's batch plan, tokens per GPU (None: no plan)."""
     lay = c.layout
@@ -290,10 +295,12 @@ def _planned_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float |
     if log_prob and not budget:
         budget = c.ppo_max_token_len_per_gpu
     multiple = lay.pp if (lay.vpp > 1 and not log_prob) else 1
-    key = ("micro_plan", log_prob, lay.dp, lay.cp, multiple, budget)
-    if key in ctx.layout_cache:
-        v = ctx.layout_cache[key]
-        return None if v is None else float(v)  # type: ignore[arg-type]
+    # The plan depends on the workload, the layout's dp/cp and the budget only: cached per
+    # process, not per context, so calibration (a new Profile, so a new context, per step)
+    # does not rebuild it.
+    key = (ctx.workload, log_prob, lay.dp, lay.cp, multiple, budget)
+    if key in _PLANS:
+        return _PLANS[key]
     from tuner.runners.batching import plan_step
     from tuner.runners.megatron import DEFAULT_MINI_BATCHES, step_lengths
 
@@ -302,10 +309,10 @@ def _planned_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float |
     out: float | None = None
     if budget > 0 and run * w.mini_batch_size * w.n <= BATCH_PLAN_MAX_SAMPLES:
         try:
-            lkey = ("micro_plan_lengths", run)
-            if lkey not in ctx.layout_cache:
-                ctx.layout_cache[lkey] = step_lengths(w, run * w.mini_batch_size, BATCH_PLAN_SEED)
-            lengths = cast(list[int], ctx.layout_cache[lkey])
+            lkey = (w, run)
+            if lkey not in _PLAN_LENGTHS:
+                _PLAN_LENGTHS[lkey] = step_lengths(w, run * w.mini_batch_size, BATCH_PLAN_SEED)
+            lengths = _PLAN_LENGTHS[lkey]
             plan = plan_step(
                 lengths,
                 dp=lay.dp,
@@ -318,7 +325,7 @@ def _planned_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float |
             out = plan.max_micro_tokens() / lay.cp
         except ValueError:
             out = None
-    ctx.layout_cache[key] = out
+    _PLANS[key] = out
     return out
 
 
