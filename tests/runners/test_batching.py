@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import statistics
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tuner.lengths import draw_response_lengths
 from tuner.runners.batching import (
     assign_to_dp_ranks,
     balanced_partitions,
     ceil_div,
-    draw_response_lengths,
     karmarkar_karp,
     plan_step,
     round_up,
     seq_workload,
-    step_sequence_lengths,
 )
+from tuner.runners.megatron import step_lengths
+from tuner.workload import PRESETS
 
 
 @st.composite
@@ -178,6 +177,7 @@ def test_equal_size_partition_and_dp_order():
 @settings(max_examples=100, deadline=None)
 @given(st.integers(1, 300), st.integers(1, 20_000), st.floats(0, 1), st.integers(0, 10))
 def test_drawn_lengths_have_the_mean_and_stay_in_range(count, max_len, frac, seed):
+    """The one response-length model (tuner.lengths) the runner draws a step from."""
     mean = 1 + frac * (max_len - 1)
     out = draw_response_lengths(count, max_len=max_len, mean_len=mean, seed=seed)
     assert len(out) == count
@@ -186,43 +186,14 @@ def test_drawn_lengths_have_the_mean_and_stay_in_range(count, max_len, frac, see
     assert out == draw_response_lengths(count, max_len=max_len, mean_len=mean, seed=seed)
 
 
-def test_drawn_lengths_are_reproducible_and_spread():
-    a = step_sequence_lengths(
-        num_samples=512, prompt_len=2048, response_max=8192, response_mean=4096, seed=7
+def test_step_lengths_are_reproducible_spread_and_share_the_prompt_within_a_group():
+    w = PRESETS["dapo-math"].with_overrides(
+        prompt_len=512, prompt_mean=100, response_len=1024, response_mean=300, n=4
     )
-    assert a == step_sequence_lengths(
-        num_samples=512, prompt_len=2048, response_max=8192, response_mean=4096, seed=7
-    )
-    assert a != step_sequence_lengths(
-        num_samples=512, prompt_len=2048, response_max=8192, response_mean=4096, seed=8
-    )
-    assert statistics.mean(a) == 2048 + 4096
-    assert min(a) < 2048 + 1000 and max(a) > 2048 + 7000
-    # Pinned values: a change of the drawing changes measured rows, so it must be deliberate.
-    assert draw_response_lengths(5, max_len=100, mean_len=30, seed=0) == [65, 50, 12, 4, 19]
-
-
-def test_step_lengths_share_the_prompt_within_a_group():
-    from tuner.runners.batching import draw_step_lengths
-
-    out = draw_step_lengths(
-        prompts=8,
-        n=4,
-        prompt_max=512,
-        prompt_mean=100,
-        response_max=1024,
-        response_mean=300,
-        seed=3,
-    )
+    out = step_lengths(w, 8, seed=3)
     assert len(out) == 32
     assert all(2 <= x <= 512 + 1024 for x in out)
-    assert out == draw_step_lengths(
-        prompts=8,
-        n=4,
-        prompt_max=512,
-        prompt_mean=100,
-        response_max=1024,
-        response_mean=300,
-        seed=3,
-    )
+    assert out == step_lengths(w, 8, seed=3)
+    assert out != step_lengths(w, 8, seed=4)
     assert sum(out) == 4 * round(8 * 100) + round(32 * 300)
+    assert min(out) < 100 + 100 and max(out) > 100 + 700

@@ -28,16 +28,11 @@ a 7B model plus attention).
 from __future__ import annotations
 
 import heapq
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 WORKLOAD_LINEAR_COEFF = 24576
 """verl's `calculate_workload` constant: 6·h² over 2·h for h = 4096."""
-
-RESPONSE_LENGTH_DISTRIBUTION = "power"
-"""Name recorded with drawn lengths: response = 1 + (max-1)·U^(max/mean-1), U uniform, then
-the total nudged by ±1 per sample so that the mean is exactly the requested mean."""
 
 
 def seq_workload(seqlen: int) -> int:
@@ -298,84 +293,3 @@ def _plan_fixed(
             f"is not a multiple of {multiple}, as interleaved pipeline stages need"
         )
     return tuple(tuple(tuple(s[i : i + mbs]) for i in range(0, size, mbs)) for s in shares)
-
-
-# --------------------------------------------------------------------------------------------
-# Drawing a step's lengths
-# --------------------------------------------------------------------------------------------
-
-
-def draw_response_lengths(count: int, *, max_len: int, mean_len: float, seed: int) -> list[int]:
-    """`count` response lengths in 1..max_len whose mean is `mean_len` (to the nearest token of
-    the total), the same for the same arguments on any Python.
-
-    Shape: 1 + (max_len-1)·U^p with U uniform and p = max_len/mean_len - 1 (uniform when the mean
-    is half the maximum, skewed short below it, piling up at the cap above it), then the total is
-    nudged by ±1 per sample, in a seeded order, to hit round(count·mean_len)."""
-    if count <= 0:
-        raise ValueError(f"count must be positive, got {count}")
-    if max_len <= 0:
-        raise ValueError(f"max_len must be positive, got {max_len}")
-    if not 1 <= mean_len <= max_len:
-        raise ValueError(f"mean response length {mean_len} must lie in 1..{max_len}")
-    rng = random.Random(seed)
-    frac = (mean_len - 1) / (max_len - 1) if max_len > 1 else 1.0
-    if frac >= 1.0:
-        return [max_len] * count
-    if frac <= 0.0:
-        return [1] * count
-    p = 1.0 / frac - 1.0
-    out = [min(max_len, max(1, 1 + round((max_len - 1) * rng.random() ** p))) for _ in range(count)]
-    target = round(count * mean_len)
-    order = list(range(count))
-    rng.shuffle(order)
-    diff = target - sum(out)
-    while diff:
-        step = 1 if diff > 0 else -1
-        moved = False
-        for i in order:
-            if diff == 0:
-                break
-            if 1 <= out[i] + step <= max_len:
-                out[i] += step
-                diff -= step
-                moved = True
-        if not moved:
-            break
-    return out
-
-
-def step_sequence_lengths(
-    *, num_samples: int, prompt_len: int, response_max: int, response_mean: float, seed: int
-) -> list[int]:
-    """One step's sample lengths: the full prompt (as the reference runs pad it) plus a drawn
-    response (see `draw_response_lengths`)."""
-    if prompt_len < 0:
-        raise ValueError(f"prompt_len must not be negative, got {prompt_len}")
-    return [
-        prompt_len + r
-        for r in draw_response_lengths(
-            num_samples, max_len=response_max, mean_len=response_mean, seed=seed
-        )
-    ]
-
-
-def draw_step_lengths(
-    *,
-    prompts: int,
-    n: int,
-    prompt_max: int,
-    prompt_mean: float,
-    response_max: int,
-    response_mean: float,
-    seed: int,
-) -> list[int]:
-    """One RL step's sample lengths: `prompts` prompts drawn as `draw_response_lengths` does,
-    each repeated for its `n` responses (verl's rollout.n), plus one drawn response each (from
-    an independent stream of the same seed). Samples of one prompt are adjacent, as verl keeps
-    them."""
-    plens = draw_response_lengths(prompts, max_len=prompt_max, mean_len=prompt_mean, seed=seed)
-    rlens = draw_response_lengths(
-        prompts * n, max_len=response_max, mean_len=response_mean, seed=seed + 1_000_003
-    )
-    return [plens[i // n] + r for i, r in enumerate(rlens)]

@@ -4,8 +4,6 @@ pruner that stops a trial far slower than the best."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +11,7 @@ from typing import Any
 import optuna
 
 from tuner.estimate.calibrate import time_scales
+from tuner.estimate.memfit import MemoryGuard, MemoryObservation
 from tuner.results import Status, TrialRecord
 
 FIRST_LAUNCH_S = 240.0
@@ -35,68 +34,19 @@ def measured(rec: TrialRecord) -> bool:
     return rec.source not in MEASURED_SOURCES_EXCLUDED and "not re-run" not in rec.reason
 
 
-class _SimpleGuard:
-    """Stand-in for tuner.estimate.memfit.MemoryGuard (same API) while that module is absent:
-    the largest measured-minus-predicted gap is added to predictions, and an OOM at corrected
-    prediction P makes everything predicted at P or more unfit."""
-
-    def __init__(self, capacity_gib: float, headroom_gib: float | None = None) -> None:
-        self.capacity_gib = capacity_gib
-        self.headroom_gib = 0.0 if headroom_gib is None else headroom_gib
-        self._gap = 0.0
-        self._oom_at = math.inf
-
-    def observe(self, obs: Any) -> None:
-        if obs.oom:
-            self._oom_at = min(self._oom_at, self.corrected_gib(obs.predicted_gib))
-        elif obs.measured_gib is not None:
-            self._gap = max(self._gap, obs.measured_gib - obs.predicted_gib)
-
-    def corrected_gib(self, pred: float) -> float:
-        return pred + self._gap
-
-    def unfit(self, pred: float) -> str:
-        c = self.corrected_gib(pred)
-        if c >= self._oom_at:
-            return f"device {c:.1f} GiB >= {self._oom_at:.1f} GiB, where a trial ran out of memory"
-        if c + self.headroom_gib > self.capacity_gib:
-            return (
-                f"device {c:.1f} GiB + headroom {self.headroom_gib:.1f} GiB > "
-                f"{self.capacity_gib:.1f} GiB"
-            )
-        return ""
-
-
-@dataclass(frozen=True, slots=True)
-class _Obs:
-    predicted_gib: float
-    measured_gib: float | None
-    oom: bool
-
-
-def _memfit() -> tuple[Any, Any]:
-    """(MemoryGuard, MemoryObservation) of tuner.estimate.memfit, or the stand-ins."""
-    with contextlib.suppress(ImportError):
-        mod = importlib.import_module("tuner.estimate.memfit")
-        return mod.MemoryGuard, mod.MemoryObservation
-    return _SimpleGuard, _Obs
-
-
 @dataclass(kw_only=True)
 class StudyLearner:
     """The study's running corrections to the cost model, refit after each measured trial."""
 
     capacity_gib: float
     headroom_gib: float | None = None
-    guard: Any = None
+    guard: MemoryGuard = field(init=False)
     launches: list[float] = field(default_factory=list)
     pairs: list[tuple[str, float | None, float | None]] = field(default_factory=list)
     scales: dict[str, float] = field(default_factory=dict)
-    _obs: Any = None
 
     def __post_init__(self) -> None:
-        guard_cls, self._obs = _memfit()
-        self.guard = guard_cls(self.capacity_gib, headroom_gib=self.headroom_gib)
+        self.guard = MemoryGuard(self.capacity_gib, headroom_gib=self.headroom_gib)
 
     def observe(self, rec: TrialRecord) -> None:
         """Learn from one finished trial (estimates and copies teach nothing)."""
@@ -108,9 +58,13 @@ class StudyLearner:
         if pred_mem is not None and rec.status in (Status.OK, Status.OOM):
             seen = rec.peak_mem_device_gib or rec.peak_mem_reserved_gib or rec.peak_mem_gib
             if rec.status is Status.OOM:
-                self.guard.observe(self._obs(predicted_gib=pred_mem, measured_gib=None, oom=True))
+                self.guard.observe(
+                    MemoryObservation(predicted_gib=pred_mem, measured_gib=None, oom=True)
+                )
             elif seen is not None:
-                self.guard.observe(self._obs(predicted_gib=pred_mem, measured_gib=seen, oom=False))
+                self.guard.observe(
+                    MemoryObservation(predicted_gib=pred_mem, measured_gib=seen, oom=False)
+                )
         if rec.status is Status.OK:
             for ph in PHASES[:-1]:
                 self.pairs.append((ph, getattr(rec, f"pred_{ph}_s"), getattr(rec, f"{ph}_s")))
