@@ -110,6 +110,24 @@ def test_worker_spec_follows_candidate_model_and_workload():
     assert d == worker_spec(t.candidate, t.model, t.workload, seed=5, mini_batches=2)
 
 
+def test_the_spec_and_the_timeout_know_the_measured_window(tmp_path: Path):
+    r = MegatronRunner(min_measured_s=12.0, max_steps=8)
+    seen = {}
+
+    def launch(cmd, **kw):
+        seen.update(json.loads((tmp_path / "t" / "trials" / "3" / "spec.json").read_text()))
+        raise RuntimeError("stop here")
+
+    t = trial(tmp_path / "t")
+    with pytest.raises(RuntimeError):
+        MegatronRunner(min_measured_s=12.0, max_steps=8, pool=False, launch=launch).run(t)
+    assert seen["min_measured_s"] == 12.0 and seen["max_steps"] == 8 and seen["steps"] == 2
+    # the worker's rule, in seconds: 2 steps of 19 s; 5 of 2.7 s; at most 8 of 0.5 s
+    assert r.measured_window_s(19.0) == 38.0
+    assert r.measured_window_s(2.7) == pytest.approx(13.5)
+    assert r.measured_window_s(0.5) == 4.0
+
+
 def test_refused_candidates_cost_no_launch(tmp_path: Path):
     def launch(*a, **k):
         raise AssertionError("must not launch")

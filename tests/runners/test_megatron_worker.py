@@ -76,10 +76,30 @@ def test_spec_round_trips_and_uses_the_project_types():
     assert s.batch.phase_batching("update_actor") == (2, 1024, 0)
 
 
+def test_short_steps_are_measured_until_the_window_is_long_enough():
+    from tuner.runners.megatron_worker.trial import more_steps
+
+    s = WorkerSpec.from_dict({**SPEC, "steps": 2, "min_measured_s": 12.0, "max_steps": 8})
+    assert WorkerSpec.from_dict(json.loads(json.dumps(spec_to_dict(s)))) == s
+    # 2.7 s steps (the MoE study): 2 always, then until 12 s have been measured
+    ran = 0
+    while more_steps(s, ran, ran * 2.7):
+        ran += 1
+    assert ran == 5
+    # 19 s steps (the 7B study) stop at 2; 0.1 s steps stop at max_steps
+    assert not more_steps(s, 2, 38.0)
+    assert more_steps(s, 7, 0.7) and not more_steps(s, 8, 0.8)
+    # without a window: exactly `steps`, as schema-2 specs without the fields ran
+    plain = WorkerSpec.from_dict(SPEC)
+    assert more_steps(plain, plain.steps - 1, 0.1) and not more_steps(plain, plain.steps, 0.1)
+
+
 @pytest.mark.parametrize(
     "patch, message",
     [
         ({"schema": 1}, "schema 1 is not 2"),
+        ({"min_measured_s": "long"}, "min_measured_s must be a number"),
+        ({"max_steps": -1}, "must not be negative"),
         ({"model": {"num_layers": 6}}, r"pp\(2\) \* vpp\(2\) does not divide the 6 layers"),
         ({"layout": {"world": 3}}, r"tp\(1\) \* pp\(2\) \* cp\(1\)"),
         ({"layout": {"tp": 3, "pp": 1, "vpp": 1, "world": 3}}, "tp .3. must divide"),

@@ -69,6 +69,12 @@ MEASURED_STEPS = 2
 """Three steps in all, as the reference leaderboards run them: one warm-up, then the 2nd and
 3rd measured (their median, i.e. mean, reported); the pruner can stop a slow trial after the
 2nd."""
+MIN_MEASURED_S = 12.0
+MAX_MEASURED_STEPS = 8
+"""Past the 2 measured steps, steps go on until the measured window lasts MIN_MEASURED_S (at most
+MAX_MEASURED_STEPS): steps of 1.4-3 s varied by up to 30% from one to the next on the H200s
+(results/README.md), and the MoE study's 2.7 s steps left 19% of its trial wall time in measured
+steps. A 7B step of 19 s stops at 2, as before."""
 DEFAULT_MINI_BATCHES = 2
 """Mini-batches (optimizer steps) run per measured step by default: the update's throughput does
 not depend on how many there are, and a full dapo-math step (16 of them) would take minutes."""
@@ -131,6 +137,8 @@ def worker_spec(
     mini_batches: int = DEFAULT_MINI_BATCHES,
     steps: int = MEASURED_STEPS,
     warmup_steps: int = WARMUP_STEPS,
+    min_measured_s: float = 0.0,
+    max_steps: int = 0,
 ) -> dict[str, Any]:
     """The worker's schema-2 spec for one trial; raises ValueError if megatron-core or verl
     would refuse it (megatron_refusals, token budgets, the batch plans of both phases)."""
@@ -178,6 +186,8 @@ def worker_spec(
         "phases": ["old_log_prob", "update_actor"],
         "steps": steps,
         "warmup_steps": warmup_steps,
+        "min_measured_s": min_measured_s,
+        "max_steps": max_steps,
         "seed": seed,
         # Not read by the worker: how the lengths were drawn, for the row.
         "lengths": {
@@ -205,6 +215,8 @@ class MegatronRunner(Runner):
         mini_batches: int = DEFAULT_MINI_BATCHES,
         steps: int = MEASURED_STEPS,
         warmup_steps: int = WARMUP_STEPS,
+        min_measured_s: float = MIN_MEASURED_S,
+        max_steps: int = MAX_MEASURED_STEPS,
         pool: bool = True,
         pool_dir: Path | None = None,
         launch: Launch | None = None,
@@ -214,11 +226,21 @@ class MegatronRunner(Runner):
         self.mini_batches = mini_batches
         self.steps = steps
         self.warmup_steps = warmup_steps
+        self.min_measured_s = min_measured_s
+        self.max_steps = max(steps, max_steps)
         self.use_pool = pool and launch is None
         self.pool_dir = pool_dir
         self._launch = launch or run_process
         self.env = dict(env or {})
         self._pool: WorkerPool | None = None
+
+    def measured_window_s(self, step_s: float) -> float:
+        """How long the measured steps of a trial whose steps take `step_s` last (the worker's
+        `more_steps` rule): `steps` of them, more until `min_measured_s`, at most `max_steps`."""
+        n = self.steps
+        while n < self.max_steps and n * step_s < self.min_measured_s:
+            n += 1
+        return n * step_s
 
     def space_limits(self, model: ModelSpec) -> SpaceLimits:
         """Without transformer-engine megatron-core has no context or sequence parallel, so the
@@ -301,6 +323,8 @@ class MegatronRunner(Runner):
                 mini_batches=self.mini_batches,
                 steps=self.steps,
                 warmup_steps=self.warmup_steps,
+                min_measured_s=self.min_measured_s,
+                max_steps=self.max_steps,
             )
         except ValueError as e:
             return TrialResult(

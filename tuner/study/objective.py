@@ -71,6 +71,7 @@ def propose(req: TuneRequest, c: Candidate, learner: StudyLearner) -> Proposal:
     if unfit:
         unfit = f"predicted {unfit} of a {req.cluster.gpu.name}"
     steps = int(getattr(req.runner, "steps", 3) or 3)
+    window = getattr(req.runner, "measured_window_s", lambda step_s: steps * step_s)
     per_step = (
         e.tokens_per_step / (p.tokens_per_s_per_gpu * req.cluster.num_gpus)
         if p.tokens_per_s_per_gpu > 0 and e.tokens_per_step > 0
@@ -85,7 +86,11 @@ def propose(req: TuneRequest, c: Candidate, learner: StudyLearner) -> Proposal:
         headroom_gib=learner.effective_headroom_gib,
         time_scale=learner.time_scale,
         unfit=unfit,
-        timeout_s=learner.timeout_s(steps * per_step, req.trial_timeout_s),
+        # the window's step count follows the steps as they will run (scaled), the limit is
+        # given in predicted seconds (the learner scales it)
+        timeout_s=learner.timeout_s(
+            window(per_step * learner.time_scale) / learner.time_scale, req.trial_timeout_s
+        ),
     )
 
 

@@ -163,17 +163,21 @@ def _serve(pool: Path) -> int:
                 phase,
             )
             phase.name = "teardown"
+            t_down = time.monotonic()
             import torch.distributed as dist
 
             dist.barrier()
             mdl.teardown_parallel()
             _free()
             left = _left_behind_gib()
+            log(f"teardown {time.monotonic() - t_down:.1f}s, {left:.2f} GiB left allocated")
             if left > LEAK_LIMIT_GIB:
                 # Measured on 2 H200s (MoE layers, grouped experts): a trial's tensors stayed
                 # allocated after teardown and the next trial ran out of memory in its warm-up.
                 # A fresh pool is cheaper than a trial that measures the last one's leftovers.
                 log(f"trial left {left:.1f} GiB allocated after teardown: pool exits")
+                for line in leak_report():
+                    log(line)
                 if ctx.rank == 0:
                     (pool / LEAVING).touch()
                     mark_done(pool, seq)
@@ -204,6 +208,41 @@ def _left_behind_gib() -> float:
     t = torch.tensor([torch.cuda.memory_allocated() / 2**30], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
+
+
+def leak_report(top: int = 8) -> list[str]:
+    """The largest CUDA tensors still reachable from Python objects after a teardown, each with
+    what refers to it, and how much of what is allocated no Python object reaches (autograd
+    graphs, C++ caches): what to look at when a pool has to restart."""
+    import gc
+
+    import torch
+
+    seen: dict[int, tuple[int, Any]] = {}
+    for o in gc.get_objects():
+        with contextlib.suppress(Exception):
+            if isinstance(o, torch.Tensor) and o.is_cuda:
+                st = o.untyped_storage()
+                seen.setdefault(st.data_ptr(), (st.nbytes(), o))
+    allocated = torch.cuda.memory_allocated()
+    reached = sum(n for n, _ in seen.values())
+    lines = [
+        f"leak: {len(seen)} CUDA storages reachable from Python, {reached / 2**30:.2f} GiB; "
+        f"{(allocated - reached) / 2**30:.2f} GiB of {allocated / 2**30:.2f} allocated not"
+    ]
+    for n, t in sorted(seen.values(), key=lambda x: -x[0])[:top]:
+        refs = []
+        for r in gc.get_referrers(t):
+            if isinstance(r, dict):
+                keys = [k for k, v in r.items() if v is t][:2]
+                refs.append(f"dict{keys}")
+            elif not isinstance(r, list) or len(r) < 1000:
+                refs.append(type(r).__qualname__)
+        lines.append(
+            f"leak:   {n / 2**30:.3f} GiB {type(t).__name__}{tuple(t.shape)} {t.dtype} "
+            f"held by {', '.join(refs[:4]) or 'nothing in Python'}"
+        )
+    return lines
 
 
 def _free() -> None:

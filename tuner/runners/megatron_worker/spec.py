@@ -29,6 +29,8 @@ def _get(d: Mapping[str, Any], key: str, kind: type, where: str, default: Any = 
     v = d[key]
     if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
         raise ValueError(f"spec {where}.{key} must be an integer, got {v!r}")
+    if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise ValueError(f"spec {where}.{key} must be a number, got {v!r}")
     if kind is bool and not isinstance(v, bool):
         raise ValueError(f"spec {where}.{key} must be true or false, got {v!r}")
     if kind is str and not isinstance(v, str):
@@ -182,6 +184,10 @@ class WorkerSpec:
     phases: tuple[str, ...] = PHASES
     steps: int = 3
     warmup_steps: int = 1
+    min_measured_s: float = 0.0
+    """Measured steps go on past `steps` until they last this long (at most `max_steps`)."""
+    max_steps: int = 0
+    """At most this many measured steps (0: `steps`)."""
     seed: int = 0
 
     @classmethod
@@ -207,9 +213,13 @@ class WorkerSpec:
             phases=tuple(p for p in PHASES if p in phases),
             steps=_get(d, "steps", int, "", 3),
             warmup_steps=_get(d, "warmup_steps", int, "", 1),
+            min_measured_s=float(_get(d, "min_measured_s", float, "", 0.0)),
+            max_steps=_get(d, "max_steps", int, "", 0),
             seed=_get(d, "seed", int, "", 0),
         )
         _positive("", steps=s.steps)
+        if s.min_measured_s < 0 or s.max_steps < 0:
+            raise ValueError("spec min_measured_s and max_steps must not be negative")
         if s.warmup_steps < 0:
             raise ValueError(f"spec warmup_steps must not be negative, got {s.warmup_steps}")
         s.check()
@@ -285,5 +295,7 @@ def spec_to_dict(spec: WorkerSpec) -> dict[str, Any]:
         "phases": list(spec.phases),
         "steps": spec.steps,
         "warmup_steps": spec.warmup_steps,
+        "min_measured_s": spec.min_measured_s,
+        "max_steps": spec.max_steps,
         "seed": spec.seed,
     }

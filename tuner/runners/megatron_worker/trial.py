@@ -8,9 +8,10 @@ placed by `tuner.runners.batching` (verl's DP balancing); each micro-batch is on
 sequence with `PackedSeqParams` through megatron's pipeline schedule with variable sequence
 lengths (see `pipeline.py` for the p2p settings that make interleaving work).
 
-`warmup_steps + steps` steps run; the reported phase times are those of the median measured
-step. launch_s counts from `t_handover` (process start or pool request) to the first measured
-step; measured_s is the wall time of the measured steps."""
+`warmup_steps` then `steps` measured steps run, more while the measured window is shorter than
+`min_measured_s` (at most `max_steps` measured, see `more_steps`); the reported phase times are
+those of the median measured step. launch_s counts from `t_handover` (process start or pool
+request) to the first measured step; measured_s is the wall time of the measured steps."""
 
 from __future__ import annotations
 
@@ -188,7 +189,8 @@ def _measure(
         launch_s = measured_s = 0.0
         t_measure = 0.0
         abandoned = False
-        for step in range(spec.warmup_steps + spec.steps):
+        step = 0
+        while True:
             measured = step >= spec.warmup_steps
             dist.barrier()
             if measured and step == spec.warmup_steps:
@@ -202,6 +204,7 @@ def _measure(
                 f"{'step' if measured else 'warmup'} {step} "
                 + " ".join(f"{p}={s:.3f}s" for p, s in times.items())
             )
+            step += 1
             if not measured:
                 continue
             steps.append(times)
@@ -209,19 +212,28 @@ def _measure(
                 append_progress(
                     files.progress,
                     Progress(
-                        step=step - spec.warmup_steps,
+                        step=len(steps) - 1,
                         seconds=sum(times.values()),
                         tokens=tokens,
                         old_log_prob_s=times.get("old_log_prob", 0.0),
                         update_actor_s=times.get("update_actor", 0.0),
                     ),
                 )
-            if files.abandon:
-                flag = torch.tensor([1.0 if Path(files.abandon).exists() else 0.0], device="cuda")
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                if flag.item() > 0:
-                    abandoned = True
-                    break
+            # one collective decides for every rank: abandoned (the runner's flag file), and
+            # whether the measured window is long enough (the slowest rank's clock)
+            flags = torch.tensor(
+                [
+                    1.0 if files.abandon and Path(files.abandon).exists() else 0.0,
+                    time.monotonic() - t_measure,
+                ],
+                device="cuda",
+            )
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            if flags[0].item() > 0:
+                abandoned = True
+                break
+            if not more_steps(spec, len(steps), flags[1].item()):
+                break
         measured_s = time.monotonic() - t_measure if t_measure else 0.0
         phase.name = spec.phases[-1]
         return _result(
@@ -251,6 +263,16 @@ def _measure(
         )
     finally:
         state.clear()
+
+
+def more_steps(spec: WorkerSpec, measured: int, measured_s: float) -> bool:
+    """Whether to run another measured step: `spec.steps` always; then, while the measured
+    window is shorter than `spec.min_measured_s`, up to `spec.max_steps` (short steps vary by
+    up to 30% from one to the next, and a trial of seconds-long steps would otherwise spend
+    most of its wall time launching)."""
+    if measured < spec.steps:
+        return True
+    return measured < max(spec.steps, spec.max_steps) and measured_s < spec.min_measured_s
 
 
 def _schedule(
