@@ -25,6 +25,7 @@ from tuner.runners.megatron_worker import (
     spec_to_dict,
     write_json_atomic,
 )
+from tuner.runners.megatron_worker.memory import release_storages
 from tuner.runners.megatron_worker.pipeline import exchange_shapes, p2p_settings, steady_state_calls
 
 REPO = Path(__file__).resolve().parents[2]
@@ -204,3 +205,36 @@ def test_model_section_is_the_model_spec():
     m = get_model("qwen3-30b-moe")
     s = WorkerSpec.from_dict(_spec(model=asdict(m), layout={"world": 2, "pp": 2, "vpp": 1}))
     assert s.model == m
+
+
+def test_release_frees_a_trial_that_a_hook_cycle_keeps_alive():
+    """What a finished MoE trial looked like on the GPUs: megatron's DDP registers, on each
+    parameter's autograd accumulator, a hook closing over the parameter; the model and its
+    optimizer outlived the trial. Released, their storages hold no bytes, and a tensor the
+    trial does not reach keeps its data."""
+    import gc
+
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.Adam(model.parameters())
+    accs = []
+    for p in model.parameters():
+        p.main_grad = torch.zeros_like(p)  # megatron's extra attribute on parameters
+        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        acc.register_hook(lambda *_, p=p: (p.main_grad.add_(1), None)[1])
+        accs.append(acc)
+    model.accs = accs
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    kept = torch.arange(10.0)
+    expected = sum(p.numel() * 4 * 4 for p in model.parameters())  # data, grad, main, 2 Adam
+    freed = release_storages(model, opt, devices=("cpu",))
+    assert freed >= expected
+    for p in model.parameters():
+        assert p.untyped_storage().nbytes() == 0 and p.main_grad.untyped_storage().nbytes() == 0
+    for st in opt.state.values():
+        assert st["exp_avg"].untyped_storage().nbytes() == 0
+    del model, opt, accs
+    gc.collect()
+    assert kept.sum().item() == 45.0

@@ -127,6 +127,7 @@ def _measure(
     from tuner.runners.megatron_worker import model as mdl
     from tuner.runners.megatron_worker.attention import core_attention_class
     from tuner.runners.megatron_worker.logprob import patch_fused
+    from tuner.runners.megatron_worker.memory import release_storages
     from tuner.runners.megatron_worker.offload import Offloader
 
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -262,7 +263,10 @@ def _measure(
             measured_s=measured_s,
         )
     finally:
+        # the trial's tensors may outlive it (see release_storages): free their memory now
+        freed = release_storages(*state.values())
         state.clear()
+        log(f"released {freed / 2**30:.1f} GiB of the trial's tensors")
 
 
 def more_steps(spec: WorkerSpec, measured: int, measured_s: float) -> bool:
