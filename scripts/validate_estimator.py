@@ -28,6 +28,25 @@ from tuner.estimate.validate import (
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ANCHORS = REPO / ".." / "shared" / "anchors"
+TARGET = 0.15
+"""Issue 10's target for the median error of each goal phase on the reference leaderboards."""
+ABOVE_TARGET = {
+    "generation": (
+        "the dapo files report no token counts, so their rows take the workload's default "
+        "response lengths (a capped exponential, mean 15% of the cap), which set how a run splits "
+        "into the busy phase and the drain tail: the 11 dapo7b rows on H100 with rollout TP 1 "
+        "come out 1.16-1.22x and the 2 with rollout TP 4 0.78-0.85x, while the 9 grpo rows (same "
+        "model and GPUs, rollout TP 1; that file's throughput gives its mean response) come out "
+        "0.89-1.15x. All anchors but grpo row 8 ran eagerly: CUDA graphs are not what is off."
+    ),
+    "old_log_prob": (
+        "20 of the 29 H100 rows come out below 0.9x (median 0.84x), the 3 H20 rows 0.94-1.16x: "
+        "a cost that does not scale with FLOPs seems missing from the log-prob pass, not "
+        "identified yet (verl's per-sequence packing loops, by our count 0.1-0.4 ms a sequence, "
+        "are too small to be it)."
+    ),
+}
+"""Why a goal phase stays above TARGET on the anchors, as far as the rows tell."""
 
 
 def _fmt(x: float | None) -> str:
@@ -103,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         f"ignoring the token counts a file reports: {parts}"
     )
     print(f"goal met: {'yes' if summary.goal_met else 'no'}")
+    for ph in GOAL_PHASES:
+        err = summary.median_ape.get(ph)
+        if err is not None and err > TARGET and ph in ABOVE_TARGET:
+            print(f"{ph} above the {TARGET:.0%} target ({err:.1%}): {ABOVE_TARGET[ph]}")
     return 0
 
 

@@ -120,6 +120,32 @@ def test_schema_1_leaderboards_still_read(name: str) -> None:
         assert again == rec
 
 
+@pytest.mark.parametrize(
+    "path",
+    [DATA / "dense-h200-x2.csv", DATA.parent / "memory" / "small16k-h100-x1.csv"],
+    ids=["schema1", "schema2-before-enforce-eager"],
+)
+def test_rows_written_before_the_enforce_eager_column_load_with_verls_default(path: Path) -> None:
+    """Leaderboards older than the knob have no `enforce_eager` column: their candidates read
+    back with verl 0.9.1's default (CUDA graphs), which is what the verl runner ran, and a
+    rewrite adds the column."""
+    from tuner.space import VERL_DEFAULT_ENFORCE_EAGER, Candidate
+
+    rows = read_rows(path)
+    assert rows and "enforce_eager" not in rows[0] and "enforce_eager" in COLUMNS
+    for raw in rows:
+        rec = TrialRecord.from_row(raw)
+        assert "enforce_eager" not in rec.knobs
+        out = rec.to_row()
+        assert out["enforce_eager"] == ""
+        if raw.get("tp"):
+            c = Candidate.from_record(raw, int(raw["num_gpus"]))
+            assert c.enforce_eager is VERL_DEFAULT_ENFORCE_EAGER
+            assert c.layout.tp == int(raw["tp"]) and c.rollout_tp == int(raw["rollout_tp"])
+    back = TrialRecord.from_row({**rows[0], "enforce_eager": "True"})
+    assert back.knobs["enforce_eager"] is True
+
+
 def test_a_newer_schema_is_refused() -> None:
     with pytest.raises(UserError, match="upgrade verl-tuner"):
         TrialRecord.from_row({"schema_version": "9", "study": "s", "trial": "0", "status": "ok"})

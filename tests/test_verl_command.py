@@ -391,3 +391,25 @@ def test_max_num_seqs_is_always_written_and_verls_default_is_256(
     assert verl_command.overrides(c, m, cl, w)["actor_rollout_ref.rollout.max_num_seqs"] == (
         c.max_num_seqs
     )
+
+
+def test_enforce_eager_is_exported_and_verls_default_is_cuda_graphs(
+    compose: Callable[[list[str]], Any],
+) -> None:
+    """verl 0.9.1 runs vLLM with CUDA graphs unless told otherwise; the recipe says which the
+    estimator scored, either way."""
+    from dataclasses import replace
+
+    from tuner import recipes
+    from tuner.space import VERL_DEFAULT_ENFORCE_EAGER, ParallelLayout
+
+    assert VERL_DEFAULT_ENFORCE_EAGER is False
+    assert compose([]).actor_rollout_ref.rollout.enforce_eager is VERL_DEFAULT_ENFORCE_EAGER
+    m, cl, w = get_model("qwen2.5-7b"), Cluster(gpu=get_gpu("h100"), num_gpus=8), None
+    w = get_workload("dapo-math")
+    c = Candidate(layout=ParallelLayout(world=8, tp=4), sequence_parallel=True, rollout_tp=2)
+    assert c.enforce_eager is False
+    for eager in (False, True):
+        text = recipes.render(replace(c, enforce_eager=eager), m, cl, w).text
+        lines = [line.strip() for line in text.splitlines()]
+        assert f"actor_rollout_ref.rollout.enforce_eager={eager} \\" in lines

@@ -87,6 +87,7 @@ KNOB_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gpu_memory_utilization",
             "max_num_batched_tokens",
             "max_num_seqs",
+            "enforce_eager",
         ),
     ),
     (

@@ -12,7 +12,16 @@ import pytest
 
 from tuner.cli import main
 from tuner.estimate import Profile, estimate
-from tuner.estimate.context import solve_theta
+from tuner.estimate.context import DECODE_KERNELS_DENSE_LAYER, get_context, solve_theta
+from tuner.estimate.time import (
+    EAGER,
+    FULL_GRAPH,
+    ROPE_THD_OPS_PER_SEQUENCE,
+    TORCH_OP_HOST_S,
+    _decode_step_s,
+    cudagraph_capture_sizes,
+    padded_batch,
+)
 from tuner.estimate.validate import GOAL_PHASES, anchor_paths, load_cases, validate
 from tuner.hardware import GPUS, Cluster
 from tuner.models import get_model
@@ -208,6 +217,74 @@ def test_a_slower_profile_is_slower() -> None:
         estimate(c, QWEN7B, cluster(), DAPO, slow).step_s
         > estimate(c, QWEN7B, cluster(), DAPO).step_s
     )
+
+
+def test_capture_sizes_are_vllms_defaults_and_a_batch_pads_to_the_next() -> None:
+    """vLLM 0.24.0's _set_cudagraph_sizes: 1, 2, 4, multiples of 8 below 256, of 16 from 256,
+    up to min(2 * max_num_seqs, 512, max_num_batched_tokens)."""
+    sizes = cudagraph_capture_sizes(256, 10240)
+    assert sizes[:5] == (1, 2, 4, 8, 16) and sizes[-1] == 512
+    assert {248, 256, 272} <= set(sizes) and not {252, 264} & set(sizes)
+    assert cudagraph_capture_sizes(64, 10240)[-1] == 128
+    assert cudagraph_capture_sizes(1024, 10240)[-1] == 512
+    assert cudagraph_capture_sizes(256, 300)[-3:] == (272, 288, 300)
+    assert [padded_batch(b, sizes) for b in (1, 3, 9, 248.5, 256, 257)] == [1, 4, 16, 256, 256, 272]
+    assert padded_batch(513, cudagraph_capture_sizes(1024, 10240)) == 0  # no graph: eager
+
+
+def test_cuda_graph_decode_steps_are_cheaper_than_eager_at_small_batch() -> None:
+    """Eager, the host launches every kernel and a small batch waits for it (a MoE layer's
+    router and fused-MoE launches most of all); a graph is one replay."""
+    for m, rtp in ((QWEN7B, 4), (MOE30B, 4)):
+        ctx = get_context(m, cluster(), DAPO, Profile())
+        eager = _decode_step_s(ctx, rtp, 1, 1, 4, 2000.0, EAGER)
+        graph = _decode_step_s(ctx, rtp, 1, 1, 4, 2000.0, FULL_GRAPH, 4)
+        assert eager >= ctx.layers * DECODE_KERNELS_DENSE_LAYER * ctx.profile.decode_launch_s
+        assert graph < 0.8 * eager, (m.name, graph, eager)
+    # and the whole generation phase, whose drain tail runs at small batch
+    c = cand("tp4", 16, rollout_tp=4, max_num_seqs=256)
+    graphs = estimate(c, MOE30B, cluster(16), DAPO)
+    eager_gen = estimate(dataclasses.replace(c, enforce_eager=True), MOE30B, cluster(16), DAPO)
+    assert graphs.generation_s < 0.8 * eager_gen.generation_s
+    assert graphs.update_actor_s == eager_gen.update_actor_s
+
+
+def test_a_graph_runs_the_batch_padded_to_its_capture_size() -> None:
+    """On an H20 a 7B decode step of a few hundred sequences is GEMM-bound: 255 and 256
+    sequences both run the 256 graph, 257 runs the 272 graph, so the step time is a staircase."""
+    ctx = get_context(QWEN7B, cluster(8, "h20"), DAPO, Profile())
+    sizes = cudagraph_capture_sizes(512, 10240)
+
+    def step(b: int) -> float:
+        return _decode_step_s(ctx, 1, 1, 1, b, 1.0, FULL_GRAPH, padded_batch(b, sizes))
+
+    assert step(257) - step(256) > 10 * (step(256) - step(255))
+    unpadded = _decode_step_s(ctx, 1, 1, 1, 257, 1.0, FULL_GRAPH, 257)
+    assert step(257) > unpadded
+
+
+def test_unfused_rope_pays_a_host_loop_per_sequence() -> None:
+    """megatron-core's unfused THD RoPE loops over the packed sequences in Python for q and k in
+    every layer, forward and backward. The reference rows that differ only by the fusion show it
+    (dapo7b rows 5 and 7, 8 H100: log-prob 84 s vs 67 s, update 203 s vs 167 s)."""
+    fused = estimate(cand("tp4"), QWEN7B, cluster(), DAPO)
+    unfused = estimate(cand("tp4", apply_rope_fusion=False), QWEN7B, cluster(), DAPO)
+    per_rank = DAPO.num_samples / 2  # dp 2
+    loop = per_rank * QWEN7B.num_layers * 2 * ROPE_THD_OPS_PER_SEQUENCE * TORCH_OP_HOST_S
+    extra = unfused.old_log_prob_s - fused.old_log_prob_s
+    assert extra == pytest.approx(loop, rel=0.05)
+    assert 14 < extra < 20  # the 17 s the references measured
+    assert unfused.update_actor_s - fused.update_actor_s == pytest.approx(2 * extra, rel=0.05)
+
+
+def test_the_reference_rows_are_scored_with_what_they_ran(anchors: Path) -> None:
+    """Eager vLLM (verl's default before August 2025, and the GRPO recipe's setting) except the
+    one row that says "Cuda graph"; RoPE fused where the row or its recipe says so."""
+    cases = {c.label: c.candidate for c in load_cases(anchor_paths(anchors))}
+    assert cases["grpo_qwen2.5_7b:8"].enforce_eager is False
+    assert all(c.enforce_eager for label, c in cases.items() if label != "grpo_qwen2.5_7b:8")
+    unfused = {label for label, c in cases.items() if not c.apply_rope_fusion}
+    assert unfused == {f"dapo7b:{n}" for n in (3, 4, 5, 6, 11)}
 
 
 def test_the_reference_leaderboards_are_predicted(anchors: Path) -> None:

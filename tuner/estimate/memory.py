@@ -426,7 +426,12 @@ def rollout_activation_bytes(
 
 
 def kv_cache_bytes(ctx: Context, c: Candidate) -> float:
-    """Per GPU bytes vLLM can give to KV cache."""
+    """Per GPU bytes vLLM can give to KV cache.
+
+    CUDA graphs (`enforce_eager=False`) are ignored: vLLM 0.24.0 measures their pool at start-up
+    and takes it out of this same gpu_memory_utilization budget (vllm/v1/worker/gpu_worker.py,
+    `cudagraph_memory_estimate`, on by default since 0.21), so the device total does not grow;
+    the KV cache loses the pool, a size vLLM does not document (it profiles it per run)."""
     mnbt = c.max_num_batched_tokens or ctx.max_seq
     budget = c.gpu_memory_utilization * ctx.mem_bytes
     used = (

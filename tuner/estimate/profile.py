@@ -52,7 +52,14 @@ class Profile:
     """The same for a MoE layer: router, permute, two all-to-alls, grouped MLP and unpermute,
     with a device-to-host synchronisation for the all-to-all split sizes in every layer."""
     decode_launch_s: float = 12e-6
-    """Host time per kernel in a vLLM decode step without CUDA graphs (verl's enforce_eager)."""
+    """Host time per kernel in a vLLM decode step run eagerly: every step with
+    `enforce_eager=True`, and with CUDA graphs the steps no graph covers (batches above the
+    largest capture size, prefill chunks joining the decode batch)."""
+    decode_graph_replay_s: float = 30e-6
+    """Launch cost of one CUDA-graph replay in a vLLM decode step with `enforce_eager=False`,
+    verl 0.9.1's default: one cudaGraphLaunch of the captured forward (tens of microseconds for
+    a graph of several hundred kernels), nearly constant whatever the batch and the kernel
+    count; the kernels inside run back to back on the GPU."""
     decode_step_overhead_s: float = 3e-3
     """Fixed host time per vLLM decode step: scheduler, input preparation, sampler."""
     decode_seq_overhead_s: float = 25e-6
@@ -94,6 +101,7 @@ CALIBRATED: dict[str, tuple[float, float]] = {
     "layer_host_s": (1e-4, 1e-2),
     "moe_layer_host_s": (3e-4, 3e-2),
     "decode_launch_s": (2e-6, 6e-5),
+    "decode_graph_replay_s": (5e-6, 1e-3),
     "decode_step_overhead_s": (2e-4, 2e-2),
     "decode_seq_overhead_s": (2e-6, 2e-4),
     "controller_gb_s": (0.05, 20.0),

@@ -9,6 +9,8 @@ costs are linear in its tokens, so a layout's coefficients are computed once and
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +51,19 @@ RESHARD_COLLECTIVES_PER_TENSOR = 4
 ROPE_UNFUSED_PASSES = 6
 """Memory passes over q and k of an unfused RoPE (cos/sin products, rotate-half, add), forward;
 the backward does the same. The fused kernel reads and writes them once inside attention."""
+ROPE_THD_OPS_PER_SEQUENCE = 13
+"""PyTorch ops an unfused RoPE runs per packed sequence, for q and again for k, in every layer:
+megatron-core 0.19.2's `_apply_rotary_pos_emb_thd` (megatron/core/models/common/embeddings/
+rope_utils.py) loops in Python over the micro-batch's sequences, each running
+`_apply_rotary_pos_emb_bshd` (cos and sin of its frequencies, each scaled and cast, the two
+products, rotate-half's negation and concatenation, the sum, the final concatenation) and a copy
+into the output: 13 ops, one more under context parallelism (its frequency slices are
+concatenated). The loop starts with `.tolist()` and `.item()` on device tensors, so the GPU has
+drained and waits while the host runs it; the backward's autograd nodes are as many, and the QKV
+weight-gradient GEMM waits on them. The fused kernel is one launch for the whole micro-batch."""
+TORCH_OP_HOST_S = 6e-6
+"""Host time of one small PyTorch eager op: the Python call, the dispatcher, TensorIterator set-up
+and cudaLaunchKernel (the GPU work of these per-sequence ops is negligible)."""
 SWIGLU_UNFUSED_PASSES = 4
 """Extra memory passes over the MLP intermediate when bias + SwiGLU are not fused (read gate and
 up separately, write the product, read it again), forward; twice that backward."""
@@ -66,6 +81,13 @@ GEMMs: launch plus the per-expert slicing), forward; the backward launches twice
 INTERNODE_LATENCY_FACTOR = 4.0
 """A collective that crosses nodes costs this many NVLink collective latencies (network round
 trips of tens of microseconds)."""
+VLLM_MAX_CAPTURE_SIZE = 512
+"""Ceiling of vLLM 0.24.0's default CUDA-graph capture sizes on Hopper and older (vllm/config/
+vllm.py, VllmConfig._set_cudagraph_sizes: min(max_num_seqs * 2, 512), then at most
+max_num_batched_tokens)."""
+PIECEWISE_EAGER_KERNELS = 2
+"""Kernels per layer a piecewise CUDA graph leaves to eager launches: vLLM splits its compiled
+graph at attention (KV-cache write and the attention kernel) and replays the pieces between."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -215,6 +237,13 @@ def _layout_lin(ctx: Context, c: Candidate) -> _Lin:
 
     fwd_s = gemm_f + elem_f + core_f + tp_f + cp_f
     bwd_s = 2 * gemm_f + 2 * elem_f + core_b + tp_b + cp_b
+    if not c.apply_rope_fusion:
+        # the per-sequence loop for q and k; a GPU's micro-batch of t tokens holds t·cp/seq_mean
+        # sequences (each CP rank keeps a slice of every sequence)
+        ops = ROPE_THD_OPS_PER_SEQUENCE + (1 if cp > 1 else 0)
+        rope_host = 2 * ops * TORCH_OP_HOST_S * cp / ctx.seq_mean
+        fwd_s += rope_host
+        bwd_s += rope_host
     fwd_i = weights_f + tp_fi + cp_fi + host_f
     bwd_i = weights_b + tp_bi + cp_bi + host_b
     if not c.gradient_accumulation_fusion:
@@ -319,15 +348,63 @@ class _Gen:
     """KV-cache capacity of one engine, tokens."""
 
 
+@functools.lru_cache(maxsize=64)
+def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """The decode batch sizes vLLM 0.24.0 (what verl 0.9.1 pins) captures CUDA graphs at when
+    `cudagraph_capture_sizes` is unset, as verl 0.9.1 leaves it (vllm/config/vllm.py,
+    VllmConfig._set_cudagraph_sizes): 1, 2, 4, then multiples of 8 below 256 and multiples of 16
+    from 256, up to min(2 * max_num_seqs, 512, max_num_batched_tokens), plus
+    max_num_batched_tokens itself when it lies below that ceiling. (The sequence-parallel pass
+    that would keep only multiples of the TP size is off by default in 0.24.0: IS_DENSE = False.)"""
+    top = min(2 * max_num_seqs, VLLM_MAX_CAPTURE_SIZE, max_num_batched_tokens)
+    sizes = {s for s in (1, 2, 4) if s <= top}
+    sizes.update(range(8, min(top + 1, 256), 8))
+    sizes.update(range(256, top + 1, 16))
+    if max_num_batched_tokens <= top:
+        sizes.add(max_num_batched_tokens)
+    return tuple(sorted(sizes))
+
+
+def padded_batch(batch: float, sizes: tuple[int, ...]) -> int:
+    """The captured size a decode step of `batch` sequences replays: the smallest capture size
+    at least as large (vLLM pads the batch to it; vllm/v1/cudagraph_dispatcher.py), or 0 when the
+    batch exceeds the largest and the step runs eagerly."""
+    i = bisect.bisect_left(sizes, math.ceil(batch - 1e-9))
+    return sizes[i] if i < len(sizes) else 0
+
+
+EAGER, FULL_GRAPH, PIECEWISE_GRAPH = 0, 1, 2
+"""How a vLLM decode step is launched: every kernel from Python, one full CUDA graph, or
+piecewise graphs with attention launched eagerly between them. verl 0.9.1 asks vLLM for
+`cudagraph_mode=FULL_AND_PIECEWISE` (verl/workers/rollout/vllm_rollout/vllm_async_server.py):
+uniform decode batches replay a full graph, batches that mix in a prefill chunk replay the
+piecewise graphs when their tokens fit the largest capture size and run eagerly otherwise
+(vllm/v1/cudagraph_dispatcher.py, CudagraphDispatcher.dispatch)."""
+
+
 def _decode_step_s(
-    ctx: Context, rtp: int, rdp: int, rep: int, batch: float, context_len: float
+    ctx: Context,
+    rtp: int,
+    rdp: int,
+    rep: int,
+    batch: float,
+    context_len: float,
+    mode: int = EAGER,
+    rows: float = 0.0,
 ) -> float:
     """One vLLM decode step of `batch` sequences (per engine) whose mean context is
-    `context_len`: the GPU streams weights and KV cache or computes, whichever is longer (eager
-    launches can also bound it), then the TP all-reduces (over the network when TP spans
-    nodes) and, for a MoE with rollout DP, the expert collectives, then the engine's host work.
-    At low batch the weight read dominates: the long tail's steps cost nearly a full one."""
+    `context_len`: the GPU streams weights and KV cache or computes, whichever is longer, then
+    the TP all-reduces (over the network when TP spans nodes) and, for a MoE with rollout DP,
+    the expert collectives, then the engine's host work. At low batch the weight read
+    dominates: the long tail's steps cost nearly a full one.
+
+    `mode` says how the step is launched. Eager: the host launches every kernel (tens per layer)
+    and the GPU cannot run ahead of it, so at low batch the launches bound the step. A CUDA
+    graph replays the captured forward in one launch, at `rows` (the batch padded to the capture
+    size): the padding rows cost GEMM FLOPs and collective bytes; attention reads only the real
+    sequences' KV cache. Piecewise graphs leave attention to eager launches."""
     p = ctx.profile
+    rows = max(rows, batch)
     kv_params = ctx.layers * 2 * ctx.hidden * ctx.kv_dim
     # vLLM replicates kv heads when rtp exceeds them: K/V weights and cache stop shrinking
     kv_share = max(1.0 / rtp, 1.0 / ctx.kv_heads)
@@ -346,27 +423,35 @@ def _decode_step_s(
     # the GEMMs (weights streamed or FLOPs, whichever is longer) and the attention kernels
     # (KV cache streamed) are separate kernels that run one after the other: their times add
     rate = ctx.peak * p.gemm_efficiency
-    linear = 2 * batch * (ctx.layers * ctx.layer_active_linear + ctx.head_or_embed())
+    linear = 2 * rows * (ctx.layers * ctx.layer_active_linear + ctx.head_or_embed())
     gemm = max((dense_w + expert_w) / ctx.hbm, linear / rtp / rate)
     attn_flops = 4 * batch * ctx.layers * ctx.q_dim * context_len
     attn = max(batch * context_len * kv_token / ctx.hbm, attn_flops / rtp / rate)
-    kernels = DECODE_KERNELS_DENSE_LAYER + (DECODE_KERNELS_MOE_EXTRA if ctx.is_moe else 0)
-    launch = ctx.layers * kernels * p.decode_launch_s
-    gpu = max(gemm + attn, launch)
+    if mode == FULL_GRAPH:
+        gpu = gemm + attn + p.decode_graph_replay_s
+    else:
+        if mode == PIECEWISE_GRAPH:
+            launch = ctx.layers * (
+                PIECEWISE_EAGER_KERNELS * p.decode_launch_s + p.decode_graph_replay_s
+            )
+        else:
+            kernels = DECODE_KERNELS_DENSE_LAYER + (DECODE_KERNELS_MOE_EXTRA if ctx.is_moe else 0)
+            launch = ctx.layers * kernels * p.decode_launch_s
+        gpu = max(gemm + attn, launch)
     comm = 0.0
     lat = p.collective_latency_s
     if rtp > 1:
         bw = _bandwidth_between(ctx, rtp)
         lat_tp = lat * (INTERNODE_LATENCY_FACTOR if rtp > ctx.local_gpus else 1.0)
-        per = batch * ctx.hidden * BF16 * 2 * (rtp - 1) / rtp / bw
+        per = rows * ctx.hidden * BF16 * 2 * (rtp - 1) / rtp / bw
         comm = 2 * ctx.layers * (lat_tp + per)
     if ctx.is_moe and rdp > 1:
         bw = _bandwidth_between(ctx, group)
         lat_g = lat * (INTERNODE_LATENCY_FACTOR if group > ctx.local_gpus else 1.0)
         if rep > 1:  # all-to-all dispatch and combine of the routed tokens
-            vol = 2 * batch * ctx.topk * ctx.hidden * BF16 * (group - 1) / group
+            vol = 2 * rows * ctx.topk * ctx.hidden * BF16 * (group - 1) / group
         else:  # experts tensor-parallel over tp*dp: gather the dp ranks' tokens, reduce back
-            vol = 2 * batch * rdp * ctx.hidden * BF16 * (group - 1) / group
+            vol = 2 * rows * rdp * ctx.hidden * BF16 * (group - 1) / group
         comm += ctx.layers * (2 * lat_g + vol / bw)
     host = p.decode_step_overhead_s + batch * p.decode_seq_overhead_s
     return gpu + comm + host
@@ -391,7 +476,15 @@ def _tail_end(n: float, survival: Any, cap: float) -> float:
 
 
 def _generation(
-    ctx: Context, rtp: int, rdp: int, rep: int, util: float, mnbt: int, mns: int, kv_bytes: float
+    ctx: Context,
+    rtp: int,
+    rdp: int,
+    rep: int,
+    util: float,
+    mnbt: int,
+    mns: int,
+    kv_bytes: float,
+    eager: bool = False,
 ) -> _Gen:
     """Seconds the slowest engine needs for its share of the batch, from the response-length
     model (tuner.lengths) and the scheduler's concurrency.
@@ -403,8 +496,13 @@ def _generation(
     the active count decays as C·P(residual > r) and the step ends when the longest response of
     the whole batch ends (where the in-flight count of all engines falls to one): the last
     decode steps run at low occupancy, each costing nearly a full weight read. When the share
-    fits at once, all start together and the count decays as share·P(length > t)."""
-    key = (rtp, rdp, rep, util, mnbt, mns)
+    fits at once, all start together and the count decays as share·P(length > t).
+
+    With CUDA graphs (`eager` False) a pure decode step replays the graph of its batch padded to
+    the next capture size; in the busy phase the steps that admit a new sequence also prefill its
+    prompt, and such a mixed batch runs on piecewise graphs, or eagerly when its tokens exceed the
+    largest capture size. Prefill itself is compute-bound and costed by its FLOPs either way."""
+    key = (rtp, rdp, rep, util, mnbt, mns, eager)
     hit = ctx.generation_cache.get(key)
     if hit is not None:
         return hit  # type: ignore[return-value]
@@ -425,11 +523,32 @@ def _generation(
     res_mean = lengths.mean_residual()
     conc = min(share, float(mns), float(mnbt), kv_tokens / (prompt + res_mean))
     conc = max(conc, 1.0)
+    sizes = () if eager else cudagraph_capture_sizes(mns, mnbt)
+
+    def decode(batch: float, context_len: float) -> float:
+        """A uniform decode step: the full graph of its padded size (piecewise graphs where the
+        padded size exceeds max_num_seqs: vLLM captures full decode graphs only up to it),
+        eager beyond the largest capture size or with enforce_eager."""
+        rows = padded_batch(batch, sizes) if sizes else 0
+        mode = EAGER if not rows else (FULL_GRAPH if rows <= mns else PIECEWISE_GRAPH)
+        return _decode_step_s(ctx, rtp, rdp, rep, batch, context_len, mode, rows)
+
     seconds = 0.0
     if share > conc:
         # busy phase: C in flight; the tokens left to the drain are C mean residuals
         steps = max(0.0, (share * mean - conc * res_mean) / conc)
-        seconds += steps * _decode_step_s(ctx, rtp, rdp, rep, conc, prompt + res_mean)
+        step = decode(conc, prompt + res_mean)
+        if sizes:
+            # C / mean sequences end per step (a renewal process); the step that admits their
+            # successors prefills their prompts too: a mixed batch, on piecewise graphs when its
+            # tokens fit the largest capture size, eager otherwise (cudagraph_dispatcher.py)
+            ended = conc / mean
+            mixed = 1.0 - math.exp(-ended)
+            tokens = conc + prompt * ended / mixed
+            mode = PIECEWISE_GRAPH if padded_batch(tokens, sizes) else EAGER
+            mixed_step = _decode_step_s(ctx, rtp, rdp, rep, conc, prompt + res_mean, mode)
+            step = (1.0 - mixed) * step + mixed * mixed_step
+        seconds += steps * step
         surv: Any = lengths.residual_survival
         end = _tail_end(conc * schedulers, surv, cap)
         seg = end / DRAIN_SEGMENTS
@@ -439,7 +558,7 @@ def _generation(
             # survivors r tokens into the drain: their age when the queue emptied is
             # conditioned on reaching r more tokens under the cap
             ctx_len = prompt + min(cap, lengths.mean_age_alive(r) + r)
-            seconds += seg * _decode_step_s(ctx, rtp, rdp, rep, active, ctx_len)
+            seconds += seg * decode(active, ctx_len)
     else:
         surv = lengths.survival
         end = _tail_end(share * schedulers, surv, cap)
@@ -447,7 +566,7 @@ def _generation(
         for i in range(DRAIN_SEGMENTS):
             t = (i + 0.5) * seg
             active = max(1.0, share * surv(t))
-            seconds += seg * _decode_step_s(ctx, rtp, rdp, rep, active, prompt + t)
+            seconds += seg * decode(active, prompt + t)
     # prefill of the engine's prompts (chunked into the decode steps, compute-bound); vLLM
     # computes logits only at each prompt's last position (the one it samples from)
     p = ctx.profile
@@ -591,6 +710,7 @@ def phase_times_of(ctx: Context, c: Candidate) -> PhaseTimes:
         mnbt,
         c.max_num_seqs,
         kv_cache_bytes(ctx, c),
+        c.enforce_eager,
     ).seconds
     gen += ctx.batch_bytes_generation * ship
 

@@ -35,13 +35,30 @@ REFERENCE_DEFAULTS = {
     "gpu_memory_utilization": 0.6,
     "offload": True,
     "max_num_seqs": 1024,
+    "enforce_eager": True,
 }
 """What the reference rows leave out, from the reference recipes' conventions
 (shared/anchors/README.md): 16 responses per prompt, vLLM at 0.6 of memory, param/grad/optimizer
 offload on, max_num_batched_tokens = prompt + response, and vLLM's max_num_seqs 1024 (the
-rollout default of the verl releases the references ran, before 0.9 lowered it to 256). Rows
-that switch dynamic batching off without giving a micro-batch size use the GRPO recipe's
-sizes (GRPO_RECIPE)."""
+rollout default of the verl releases the references ran, before 0.9 lowered it to 256).
+vLLM ran eagerly: the DAPO_7B and DAPO_MOE30B recipe scripts (June-July 2025) do not set
+`enforce_eager`, and verl defaulted it to True until volcengine/verl ff6978c14 (2025-08-08,
+"enable vllm cuda graph in default"; v0.5.0's rollout.yaml still says True); the GRPO_7B recipe
+sets `enforce_eager=True` itself, and the one GRPO row whose `Other` says "Cuda graph" ran with
+graphs (CUDA_GRAPH_MARK). Rows that switch dynamic batching off without giving a micro-batch
+size use the GRPO recipe's sizes (GRPO_RECIPE)."""
+CUDA_GRAPH_MARK = "cuda graph"
+"""`Other` of a reference row that ran vLLM with CUDA graphs (grpo_qwen2.5_7b row 8)."""
+ROPE_FUSION_MARKS = ("apply_rope_fusion", "all optimization")
+"""`Other` of a reference row whose recipe set `apply_rope_fusion=True` (dapo7b rows 7-9, 12, 13,
+16-18 and 19-22's "all optimization option"). The dapo7b rows without it (3-6, 11) ran
+megatron-core's default, unfused RoPE: verl 0.5's config converter sets the fusion only for
+Mixtral (verl/models/mcore/config_converter.py), and rows 7 and 8 repeat rows 5 and 6 with the
+fusion added."""
+ROPE_FUSED_STUDIES = ("dapo_moe30b", "grpo_qwen2.5_7b")
+"""Reference files whose every recipe script sets `apply_rope_fusion=True`, whatever `Other`
+says (DAPO_MOE30B/*.sh, GRPO_7B/qwen2.5_7b_megatron_vllm_benchmark.sh; its OOM rows leave
+`Other` empty)."""
 
 RECIPE_INPUTS: dict[tuple[str, str], dict[str, object]] = {
     ("dapo7b", "9"): {"gpu_memory_utilization": 0.8},
@@ -248,6 +265,8 @@ def _reference_case(
         gpu_memory_utilization=util,
         max_num_batched_tokens=workload.max_seq_len,
         max_num_seqs=int(d["max_num_seqs"]),  # type: ignore[call-overload]
+        enforce_eager=bool(d["enforce_eager"]) and CUDA_GRAPH_MARK not in other,
+        apply_rope_fusion=study in ROPE_FUSED_STUDIES or any(m in other for m in ROPE_FUSION_MARKS),
         **kw,  # type: ignore[arg-type]
     )
     label = f"{study}:{row.get('trial', '')}"

@@ -96,6 +96,7 @@ MEGATRON_PINNED = (
     ("gpu_memory_utilization", 0.6),
     ("max_num_batched_tokens_factor", 1),
     ("max_num_seqs", 256),
+    ("enforce_eager", False),
     # What the worker runs without transformer-engine or apex (local layers, flash kernels,
     # grouped-GEMM experts, alltoall dispatch): pinned so no trial is spent on a knob it ignores.
     ("apply_rope_fusion", False),

@@ -41,6 +41,12 @@ MAX_NUM_SEQS_CHOICES = (64, 128, 256, 512, 1024)
 """vLLM `max_num_seqs` the sampler offers; verl 0.9.1's default is 256 (rollout config)."""
 VERL_DEFAULT_MAX_NUM_SEQS = 256
 """`actor_rollout_ref.rollout.max_num_seqs` in verl 0.9.1's ppo_megatron_trainer."""
+ENFORCE_EAGER_CHOICES = (False, True)
+"""vLLM `enforce_eager` the sampler offers: CUDA graphs (False) or eager decode (True)."""
+VERL_DEFAULT_ENFORCE_EAGER = False
+"""`actor_rollout_ref.rollout.enforce_eager` in verl 0.9.1's rollout config (rollout.yaml:
+"Whether to disable CUDA graph. Default False to best performance"); verl releases before
+2025-08-08 (0.5 and older) defaulted to True."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,6 +111,9 @@ class Candidate:
     """vLLM's token budget per scheduler step (0 = prompt + response)."""
     max_num_seqs: int = VERL_DEFAULT_MAX_NUM_SEQS
     """vLLM's most sequences running at once per engine (verl 0.9.1 default 256)."""
+    enforce_eager: bool = VERL_DEFAULT_ENFORCE_EAGER
+    """vLLM decodes without CUDA graphs, launching every kernel from Python (verl 0.9.1 default
+    False: graphs captured at vLLM's default batch sizes)."""
 
     def to_record(self) -> dict[str, Any]:
         """Flat knob values, as CSV columns and Optuna user_attrs."""

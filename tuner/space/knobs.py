@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.models import ModelSpec
 from tuner.space.candidate import (
     ATTENTION_BACKEND_CHOICES,
+    ENFORCE_EAGER_CHOICES,
     LAYOUT_FIELDS,
     MAX_NUM_SEQS_CHOICES,
     MOE_DISPATCHER_CHOICES,
@@ -563,6 +564,15 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=(f"{ROLLOUT}.max_num_seqs",),
         cost="time: _generation concurrency (busy phase steps); memory: sampler logits",
         choices=lambda s, d: list(MAX_NUM_SEQS_CHOICES),
+    ),
+    Knob(
+        name="enforce_eager",
+        help="vLLM without CUDA graphs",
+        verl_keys=(f"{ROLLOUT}.enforce_eager",),
+        cost="time: _decode_step_s launch term (eager: every kernel launched from Python; "
+        "graphs: one replay at the batch padded to vLLM's next capture size); memory: graph "
+        "pool ignored (vLLM takes it out of the KV share)",
+        choices=lambda s, d: list(ENFORCE_EAGER_CHOICES),
     ),
 )
 KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
