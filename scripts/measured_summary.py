@@ -16,6 +16,8 @@ LAUNCHED = ("ok", "oom", "failed", "timeout", "pruned-slow")
 def summary(path: str) -> str:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
+    # a repeat of an earlier candidate is recorded with that trial's numbers, not launched
+    rows = [r for r in rows if "not re-run" not in (r["reason"] or "")]
     ok = [r for r in rows if r["status"] == "ok"]
     launched = [r for r in rows if r["status"] in LAUNCHED]
     no_number = [r for r in launched if r["status"] in ("oom", "failed", "timeout")]
@@ -33,8 +35,15 @@ def summary(path: str) -> str:
     ]
     meas = sum(float(r["measured_s"] or 0) for r in launched)
     dur = sum(float(r["duration_s"] or 0) for r in launched)
+    # per ok trial; rows recording pool_started=True are left out (their wall time includes
+    # the pool's start-up), rows older than that record are all in
+    shares = [
+        float(r["measured_s"]) / float(r["duration_s"])
+        for r in ok
+        if r["measured_s"] and r["duration_s"] and "pool_started=True" not in r["extra"]
+    ]
     lines = [
-        f"{path}: {len(rows)} rows, {len(launched)} launched, {len(ok)} ok, "
+        f"{path}: {len(rows)} rows (repeats left out), {len(launched)} launched, {len(ok)} ok, "
         f"{len(no_number)} launches without a number "
         f"({', '.join(r['trial'] + ':' + r['status'] for r in no_number) or '-'})",
         f"  best {max(tps):.0f} tok/s/GPU; hand grid best {max(hand) if hand else 0:.0f}; "
@@ -45,7 +54,11 @@ def summary(path: str) -> str:
         f"{100 * statistics.median(errs_c):.1f}%"
         if errs and errs_c
         else "  no device memory",
-        f"  wall time of launched trials in measured steps: {100 * meas / dur:.0f}%",
+        f"  wall time of launched trials in measured steps: {100 * meas / dur:.0f}%; "
+        f"per ok trial, median {100 * statistics.median(shares):.0f}%, best "
+        f"{100 * max(shares):.0f}%"
+        if shares
+        else "",
     ]
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import subprocess
@@ -224,7 +225,7 @@ class _CountingRunner(EstimateRunner):
         self.calls.append(spec.number)
         if len(self.calls) - 1 == self.fail_on:
             raise RuntimeError("worker exploded")
-        return super().run(spec)
+        return dataclasses.replace(super().run(spec), launch_s=2.0, measured_s=3.0)
 
     def close(self) -> None:
         self.closed += 1
@@ -281,6 +282,8 @@ def test_repeated_candidates_are_not_relaunched(workdir: Path) -> None:
     assert [r["status"] for r in rows[:2]] == ["ok", "ok"] and len(_counted(rows)) == 3
     assert rows[1]["reason"] == "same candidate as trial 0; not re-run"
     assert rows[1]["tokens_per_s_per_gpu"] == rows[0]["tokens_per_s_per_gpu"]
+    # its row is not a launch: no launch or measured time of its own
+    assert rows[0]["measured_s"] == "3" and rows[1]["measured_s"] == rows[1]["launch_s"] == ""
     launched = [int(r["trial"]) for r in rows if r["status"] == "ok" and not r["reason"]]
     assert runner.calls == launched and runner.calls[0] == 0 and 1 not in runner.calls
 

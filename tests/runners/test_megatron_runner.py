@@ -188,6 +188,7 @@ def test_should_stop_prunes_a_slow_trial_with_its_partial_times(tmp_path: Path):
     assert asked[:2] == [(0, 50.0), (1, 50.0)]  # 800 tokens / 2 s / 8 GPUs
     assert row.tokens_per_s_per_gpu == 50.0 and row.old_log_prob_s == 0.5
     assert row.extra["wall_s"] < 30
+    assert row.extra["pool_started"] is False  # one-shot launch: no pool
 
 
 def test_stale_result_is_not_read(tmp_path: Path):

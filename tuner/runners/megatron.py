@@ -381,6 +381,7 @@ class MegatronRunner(Runner):
             duration_s=o.duration_s,
             log_path=self._pool.log_path,
             stopped=o.stopped,
+            started_pool=o.started_pool,
         )
 
     def close(self) -> None:
@@ -410,6 +411,7 @@ def to_trial_result(
         "seed": wspec["seed"],
         "lengths": lengths["distribution"],
         "wall_s": round(res.duration_s, 1),
+        "pool_started": res.started_pool,
     }
     common: dict[str, Any] = {
         "source": "megatron",

@@ -24,6 +24,8 @@ class ProcessResult:
     log_path: Path
     stopped: bool = False
     """Ended early because `poll` asked for it (not a timeout)."""
+    started_pool: bool = False
+    """A worker pool was started for this run (its start-up is in `duration_s`)."""
 
     def tail(self, n_bytes: int = 20_000) -> str:
         try:

@@ -99,6 +99,8 @@ def result_of_record(rec: TrialRecord, same_as: int) -> TrialResult:
     names = {f.name for f in fields(TrialResult)} & {f.name for f in fields(TrialRecord)}
     kw: dict[str, Any] = {n: getattr(rec, n) for n in names}
     kw["reason"] = f"same candidate as trial {same_as}; not re-run"
+    # nothing was launched for it: the study's wall-time split counts the earlier trial's
+    kw["launch_s"] = kw["measured_s"] = None
     return TrialResult(**kw)
 
 
