@@ -21,6 +21,8 @@ pytest.importorskip("matplotlib")
 REPO = Path(__file__).resolve().parents[1]
 DENSE = REPO / "results" / "dense-h200-x2.csv"
 MOE = REPO / "results" / "moe-h200-x2.csv"
+MEASURED = [REPO / "results" / f"{n}.csv" for n in
+            ("dense8k-h200-x2", "moe8k-h200-x2", "small16k-h100-x1")]  # fmt: skip
 NOT_LAUNCHED = {"pruned-invalid", "pruned-oom-predicted"}
 
 
@@ -108,7 +110,7 @@ def test_report_of_a_measured_leaderboard(
     assert "update actor" in _text(sec["phases"]) or "update_actor" in sec["phases"]
 
 
-@pytest.mark.parametrize("csv_path", [DENSE, MOE], ids=["dense", "moe"])
+@pytest.mark.parametrize("csv_path", [DENSE, MOE, *MEASURED], ids=lambda p: p.stem)
 def test_committed_reports_match_their_csv(csv_path: Path) -> None:
     """results/<name>.html is committed beside each measured leaderboard and agrees with it
     (regenerate with `tune report results/<name>.csv`)."""
@@ -118,6 +120,19 @@ def test_committed_reports_match_their_csv(csv_path: Path) -> None:
     assert _attr(page, "data-best-tokens-per-s-per-gpu") == pytest.approx(best, rel=1e-5)
     assert list(_sections(page)) == [i for i, _ in SECTIONS]
     _check_self_contained(page)
+
+
+def test_a_measured_leaderboard_finds_its_committed_storage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The measured leaderboards keep their Optuna storage as results/<name>.sqlite3 (the CSV
+    names the device's path): the report finds it and computes the importances."""
+    csv_path = MEASURED[1]
+    assert csv_path.with_suffix(".sqlite3").is_file()
+    knobs = _text(_sections(_report(csv_path, tmp_path / "m.html", capsys))["knobs"])
+    assert "fANOVA" in knobs and "Not computed" not in knobs
+    page = csv_path.with_suffix(".html").read_text()
+    assert "Not computed" not in _text(_sections(page)["knobs"])
 
 
 @pytest.fixture(scope="module")

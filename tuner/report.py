@@ -509,7 +509,8 @@ def _storage_file(url: str) -> Path | None:
 
 def _open_study(s: Study, storage: str | None) -> tuple[Any, str]:
     """(optuna study or None, a sentence on where it came from or why not). The storage:
-    --storage, else the one the CSV names, else studies.sqlite3 beside the CSV."""
+    --storage, else the one the CSV names, else `<csv name>.sqlite3` or studies.sqlite3 beside
+    the CSV (the committed measured leaderboards keep theirs under the CSV's name)."""
     names = [n for n in s.df["study"].unique() if n]
     if not names:
         return None, "The leaderboard names no study."
@@ -518,9 +519,9 @@ def _open_study(s: Study, storage: str | None) -> tuple[Any, str]:
         candidates = [storage]
     else:
         named = str(_mode(s.df["storage"]) or "") if "storage" in s.df.columns else ""
-        beside = s.csv.parent / "studies.sqlite3"
         candidates = [storage_url(named)] if named else []
-        candidates.append(f"sqlite:///{beside}")
+        for beside in (s.csv.with_suffix(".sqlite3"), s.csv.parent / "studies.sqlite3"):
+            candidates.append(f"sqlite:///{beside}")
     url = ""
     for c in candidates:
         f = _storage_file(c)
