@@ -20,6 +20,10 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tuner.workload import Workload
 
 DEFAULT_CLIP_FRACTION = 0.0
 """Extra share of responses truncated at the cap when the workload does not say. The capped
@@ -186,3 +190,20 @@ def draw_response_lengths(
         if not moved:
             break
     return out
+
+
+def step_lengths(workload: Workload, samples_prompts: int, seed: int) -> list[int]:
+    """Sample lengths (prompt + response) for `samples_prompts` prompts x n responses, from the
+    workload's one response-length model (above); samples of a prompt are adjacent."""
+    w = workload
+    plens = draw_response_lengths(
+        samples_prompts, max_len=w.prompt_len, mean_len=w.mean_prompt_len, seed=seed
+    )
+    rlens = draw_response_lengths(
+        samples_prompts * w.n,
+        max_len=w.response_len,
+        mean_len=w.mean_response_len,
+        seed=seed + 1_000_003,
+        clip_fraction=w.clip_fraction,
+    )
+    return [plens[i // w.n] + r for i, r in enumerate(rlens)]

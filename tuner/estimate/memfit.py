@@ -28,9 +28,13 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuner.hardware import GIB, Cluster
 from tuner.space import ParallelLayout
+
+if TYPE_CHECKING:
+    from tuner.estimate import Estimate
 
 MIB = 1024**2
 
@@ -407,7 +411,6 @@ def rows_from_leaderboards(
     from tuner.estimate import estimate
     from tuner.estimate.validate import load_cases
     from tuner.results import number, read_rows
-    from tuner.runners.base import memory_view
 
     out: list[MemoryRow] = []
     for path in paths:
@@ -536,3 +539,34 @@ class MemoryGuard:
                 f"{self._headroom:.1f} GiB > {self.capacity_gib:.1f} GiB"
             )
         return ""
+
+
+_DEVICE_OF = {
+    "generation": "generation_device_gib",
+    "old_log_prob": "log_prob_device_gib",
+    "update_actor": "update_device_gib",
+}
+_ALLOCATED_OF = {
+    "generation": "generation_peak_gib",
+    "old_log_prob": "log_prob_peak_gib",
+    "update_actor": "update_peak_gib",
+}
+
+
+def memory_view(
+    pred: Estimate,
+    cluster: Cluster,
+    *,
+    phases: tuple[str, ...] = ("generation", "old_log_prob", "update_actor"),
+    drop_reference: bool = False,
+    headroom_gib: float | None = None,
+) -> tuple[float, float, str, str]:
+    """(allocated peak, device total, its phase, why unfit or '') over the `phases` a runner
+    runs; `drop_reference` leaves out the reference model's weights (a runner that builds none).
+    Unfit: device + headroom (default memfit.DEFAULT_HEADROOM_GIB) > the GPU's memory."""
+    mem = pred.memory
+    ref = mem.reference_gib if drop_reference else 0.0
+    device, phase = max((getattr(mem, _DEVICE_OF[p]) - ref, p) for p in phases)
+    peak = max(getattr(mem, _ALLOCATED_OF[p]) - ref for p in phases)
+    headroom = DEFAULT_HEADROOM_GIB if headroom_gib is None else headroom_gib
+    return peak, device, phase, device_unfit(device, cluster.gpu.memory_gib, headroom, phase)

@@ -267,8 +267,8 @@ def _peak_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
     """Tokens per GPU of the largest micro-batch a step is expected to see.
 
     With dynamic batching, the micro-batches of the sample lengths the megatron runner draws
-    (`tuner.runners.megatron.step_lengths`, seed BATCH_PLAN_SEED, the mini-batches it runs),
-    placed by `tuner.runners.batching.plan_step` as verl does: the budget sets the count of
+    (`tuner.lengths.step_lengths`, seed BATCH_PLAN_SEED, the mini-batches it runs),
+    placed by `tuner.batching.plan_step` as verl does: the budget sets the count of
     micro-batches, not a cap, and verl's workload-balanced partition (24576 s + s^2 per
     sample) puts more than the budget in some. Measured: budget 9216 gave 11508-token
     micro-batches on Qwen2.5-7B 8k (results/dense8k-h200-x2.csv, extra
@@ -301,8 +301,8 @@ def _planned_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float |
     key = (ctx.workload, log_prob, lay.dp, lay.cp, multiple, budget)
     if key in _PLANS:
         return _PLANS[key]
-    from tuner.runners.batching import plan_step
-    from tuner.runners.megatron import DEFAULT_MINI_BATCHES, step_lengths
+    from tuner.batching import DEFAULT_MINI_BATCHES, plan_step
+    from tuner.lengths import step_lengths
 
     w = ctx.workload
     run = min(DEFAULT_MINI_BATCHES, max(1, w.mini_batches_per_step))

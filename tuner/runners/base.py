@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.estimate import Estimate
+from tuner.estimate.memfit import memory_view
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.results import TrialResult
@@ -87,36 +88,3 @@ class Runner(abc.ABC):
             device_gib=device,
             unfit=unfit,
         )
-
-
-_DEVICE_OF = {
-    "generation": "generation_device_gib",
-    "old_log_prob": "log_prob_device_gib",
-    "update_actor": "update_device_gib",
-}
-_ALLOCATED_OF = {
-    "generation": "generation_peak_gib",
-    "old_log_prob": "log_prob_peak_gib",
-    "update_actor": "update_peak_gib",
-}
-
-
-def memory_view(
-    pred: Estimate,
-    cluster: Cluster,
-    *,
-    phases: tuple[str, ...] = ("generation", "old_log_prob", "update_actor"),
-    drop_reference: bool = False,
-    headroom_gib: float | None = None,
-) -> tuple[float, float, str, str]:
-    """(allocated peak, device total, its phase, why unfit or '') over the `phases` a runner
-    runs; `drop_reference` leaves out the reference model's weights (a runner that builds none).
-    Unfit: device + headroom (default memfit.DEFAULT_HEADROOM_GIB) > the GPU's memory."""
-    from tuner.estimate.memfit import DEFAULT_HEADROOM_GIB, device_unfit
-
-    mem = pred.memory
-    ref = mem.reference_gib if drop_reference else 0.0
-    device, phase = max((getattr(mem, _DEVICE_OF[p]) - ref, p) for p in phases)
-    peak = max(getattr(mem, _ALLOCATED_OF[p]) - ref for p in phases)
-    headroom = DEFAULT_HEADROOM_GIB if headroom_gib is None else headroom_gib
-    return peak, device, phase, device_unfit(device, cluster.gpu.memory_gib, headroom, phase)

@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import tuner
+from tuner.batching import DEFAULT_MINI_BATCHES
 from tuner.errors import UserError
 from tuner.estimate import Estimate
 from tuner.hardware import Cluster
-from tuner.lengths import draw_response_lengths
+from tuner.lengths import step_lengths
 from tuner.models import ModelSpec
 from tuner.results import Status, TrialResult
 from tuner.runners.base import Predicted, Runner, TrialSpec, memory_view
@@ -75,9 +76,6 @@ MAX_MEASURED_STEPS = 8
 MAX_MEASURED_STEPS): steps of 1.4-3 s varied by up to 30% from one to the next on the H200s
 (results/README.md), and the MoE study's 2.7 s steps left 19% of its trial wall time in measured
 steps. A 7B step of 19 s stops at 2, as before."""
-DEFAULT_MINI_BATCHES = 2
-"""Mini-batches (optimizer steps) run per measured step by default: the update's throughput does
-not depend on how many there are, and a full dapo-math step (16 of them) would take minutes."""
 WORKER_ENV = {
     "PYTHONUNBUFFERED": "1",
     # NVLink multicast off: the shared hosts require it.
@@ -110,23 +108,6 @@ MEGATRON_PINNED = (
 """Sampler parameters the worker does not measure: generation (vLLM is not run) and the kernel
 choices it cannot make here. The log-prob knobs and use_fused_kernels are measured."""
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
-
-
-def step_lengths(workload: Workload, samples_prompts: int, seed: int) -> list[int]:
-    """Sample lengths (prompt + response) for `samples_prompts` prompts x n responses, from the
-    workload's one response-length model (tuner.lengths); samples of a prompt are adjacent."""
-    w = workload
-    plens = draw_response_lengths(
-        samples_prompts, max_len=w.prompt_len, mean_len=w.mean_prompt_len, seed=seed
-    )
-    rlens = draw_response_lengths(
-        samples_prompts * w.n,
-        max_len=w.response_len,
-        mean_len=w.mean_response_len,
-        seed=seed + 1_000_003,
-        clip_fraction=w.clip_fraction,
-    )
-    return [plens[i // w.n] + r for i, r in enumerate(rlens)]
 
 
 def worker_spec(

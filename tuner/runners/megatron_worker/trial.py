@@ -4,7 +4,7 @@ Per step, as verl's trainer does: old_log_prob (forward only, no grad, the whole
 in micro-batches by `log_prob_max_token_len_per_gpu` with dynamic batching, else
 `log_prob_micro_batch_size_per_gpu`), then update_actor (one optimizer step per mini-batch,
 micro-batches by `ppo_max_token_len_per_gpu` or `ppo_micro_batch_size_per_gpu`). Samples are
-placed by `tuner.runners.batching` (verl's DP balancing); each micro-batch is one packed (THD)
+placed by `tuner.batching` (verl's DP balancing); each micro-batch is one packed (THD)
 sequence with `PackedSeqParams` through megatron's pipeline schedule with variable sequence
 lengths (see `pipeline.py` for the p2p settings that make interleaving work).
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.runners.batching import BatchPlan, plan_step
+from tuner.batching import BatchPlan, plan_step
 from tuner.runners.megatron_worker.log import cumsum, log
 from tuner.runners.megatron_worker.protocol import Progress, append_progress
 from tuner.runners.megatron_worker.result import (

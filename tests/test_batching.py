@@ -6,8 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuner.lengths import draw_response_lengths
-from tuner.runners.batching import (
+from tuner.batching import (
     assign_to_dp_ranks,
     balanced_partitions,
     ceil_div,
@@ -16,7 +15,7 @@ from tuner.runners.batching import (
     round_up,
     seq_workload,
 )
-from tuner.runners.megatron import step_lengths
+from tuner.lengths import draw_response_lengths, step_lengths
 from tuner.workload import PRESETS
 
 

@@ -31,6 +31,11 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+DEFAULT_MINI_BATCHES = 2
+"""Mini-batches (optimizer steps) the megatron runner runs per measured step by default, and
+that the memory model plans with: the update's throughput does not depend on how many there
+are, and a full dapo-math step (16 of them) would take minutes."""
+
 WORKLOAD_LINEAR_COEFF = 24576
 """verl's `calculate_workload` constant: 6·h² over 2·h for h = 4096."""
 
