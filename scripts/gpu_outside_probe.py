@@ -1,0 +1,140 @@
+"""Where the megatron worker's device memory outside PyTorch's allocator comes from: the device's
+used memory (total - free) minus PyTorch's reserved memory, read after each start-up stage of
+the worker and around one real trial (estimate/memfit.py LOCAL_SPEC_OUTSIDE_GIB: 8.4-9.0 GiB
+measured per process, most of it unexplained). On one GPU host with the wheels installed
+(scripts/gpu_setup.sh), from the repository root:
+
+    torchrun --standalone --nproc-per-node 1 scripts/gpu_outside_probe.py OUT.txt
+
+Prints one line per stage: used, reserved, allocated, outside (GiB), and what changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+GIB = float(2**30)
+
+
+def main(out: Path) -> int:
+    import torch
+
+    lines: list[str] = []
+    last = [0.0]
+
+    def stage(name: str) -> None:
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        used = (total - free) / GIB
+        resv = torch.cuda.memory_reserved() / GIB
+        alloc = torch.cuda.memory_allocated() / GIB
+        outside = used - resv
+        line = (
+            f"{name:<44} used {used:7.2f}  reserved {resv:7.2f}  allocated {alloc:7.2f}  "
+            f"outside {outside:6.2f} ({outside - last[0]:+.2f})"
+        )
+        last[0] = outside
+        print(line, flush=True)
+        lines.append(line)
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    torch.zeros(1, device="cuda")
+    stage("CUDA context (torch.zeros(1))")
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    (a @ a).sum().item()
+    stage("first bf16 matmul (cuBLAS/cuBLASLt)")
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    stage("init_process_group (nccl)")
+    t = torch.ones(1 << 20, device="cuda")
+    dist.all_reduce(t)
+    stage("first all_reduce (NCCL communicator)")
+    from tuner.runners.megatron_worker.attention import choose_attention
+
+    attn = choose_attention()
+    stage(f"attention check ({attn.name})")
+    from tuner.runners.megatron_worker.experts import choose_experts
+
+    experts = choose_experts()
+    stage(f"grouped-GEMM experts check ({experts[1]})")
+    from tuner.runners.megatron_worker.memory import MemoryMeter
+
+    meter = MemoryMeter()
+    meter.start()
+    stage(f"memory meter ({meter.source})")
+    import megatron.core  # noqa: F401
+
+    stage("import megatron.core")
+
+    from tuner.runners.megatron_worker.spec import load_spec
+    from tuner.runners.megatron_worker.trial import Files, Phase, run_trial
+
+    spec_path = Path(out).with_suffix(".spec.json")
+    spec = load_spec(spec_path)
+    result = run_trial(
+        spec,
+        phase=Phase(),
+        meter=meter,
+        files=Files(),
+        t_handover=time.monotonic(),
+        attn=attn,
+        experts=(None, ""),
+    )
+    peak_out = (result.peak_mem_device_gib or 0) - (result.peak_mem_reserved_gib or 0)
+    line = (
+        f"{'trial (peaks)':<44} used {result.peak_mem_device_gib or 0:7.2f}  reserved "
+        f"{result.peak_mem_reserved_gib or 0:7.2f}  allocated "
+        f"{result.peak_mem_allocated_gib or 0:7.2f}  outside {peak_out:6.2f}"
+    )
+    print(line, flush=True)
+    lines.append(line)
+    stage("after the trial (run_trial frees its tensors)")
+    torch.cuda.empty_cache()
+    stage("after empty_cache")
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    stage("after gc + empty_cache")
+    meter.stop()
+    out.write_text("\n".join(lines) + "\n")
+    dist.destroy_process_group()
+    return 0
+
+
+def write_spec(path: Path) -> None:
+    """The small H100 study's workload and a full-recompute candidate (its best hand-grid row)."""
+    from tuner.models import get_model
+    from tuner.runners.megatron import worker_spec
+    from tuner.space import Candidate, ParallelLayout
+    from tuner.workload import get_workload
+
+    model = get_model("scripts/models/qwen3-1.7b/config.json")
+    w = get_workload("dapo-math").with_overrides(
+        prompt_len=1024, response_len=15360, response_mean=6000, batch_size=4, n=4,
+        mini_batch_size=2,
+    )  # fmt: skip
+    c = Candidate(
+        layout=ParallelLayout(world=1),
+        recompute_granularity="full",
+        recompute_num_layers=1,
+        ppo_max_token_len_per_gpu=16384,
+        log_prob_max_token_len_per_gpu=32768,
+        use_fused_kernels=True,
+    )
+    path.write_text(json.dumps(worker_spec(c, model, w)))
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "outside_probe.txt")
+    if os.environ.get("LOCAL_RANK") is None:
+        print("run under torchrun (see the docstring)", file=sys.stderr)
+        sys.exit(2)
+    write_spec(out.with_suffix(".spec.json"))
+    sys.exit(main(out))
