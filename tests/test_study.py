@@ -17,7 +17,7 @@ from tuner.models import REGISTRY
 from tuner.results import Status, TrialRecord, TrialResult, read_raw
 from tuner.runners.base import TrialSpec
 from tuner.runners.estimate import EstimateRunner
-from tuner.space import SearchSpace
+from tuner.space import SearchSpace, SpaceLimits
 from tuner.study import TuneRequest, run_study, warm_start_params
 from tuner.study import loop as study_loop
 from tuner.study.storage import RECORD_ATTR, open_storage, storage_label
@@ -469,3 +469,48 @@ def test_sigkill_mid_study_loses_and_doubles_nothing(workdir: Path) -> None:
     assert finished == len(after)
     ok_in_storage = con.execute("select count(*) from trials where state='COMPLETE'").fetchone()[0]
     assert ok_in_storage == sum(r["status"] == "ok" for r in after)
+
+
+class _PinningRunner(EstimateRunner):
+    """The estimator with the megatron runner's habit of pinning what it does not measure."""
+
+    name = "pinning"
+
+    def __init__(self, pinned: tuple[tuple[str, object], ...]) -> None:
+        self.pinned = pinned
+
+    def space_limits(self, model: object) -> SpaceLimits:
+        return SpaceLimits(pinned=self.pinned)
+
+
+def test_a_study_resumes_after_a_knob_is_added_at_its_default(workdir: Path) -> None:
+    """A knob added to the table since a study was made (the megatron runner pins it) does not
+    strand the study when it is pinned at verl's default, which the earlier trials ran; pinned
+    elsewhere, the study is refused as before."""
+    old = (("max_num_seqs", 256),)
+    run_study(_request(workdir, runner=_PinningRunner(old), trials=2, warm_start=False))
+    s = run_study(
+        _request(
+            workdir,
+            runner=_PinningRunner((*old, ("enforce_eager", False))),
+            trials=4,
+            warm_start=False,
+        )
+    )
+    assert len(_counted(read_raw(s.csv_path))) == 4
+    assert any("made before enforce_eager existed" in n for n in s.notes)
+    with pytest.raises(UserError, match="was made for another"):
+        run_study(
+            _request(
+                workdir,
+                runner=_PinningRunner((*old, ("enforce_eager", True))),
+                trials=6,
+                warm_start=False,
+            )
+        )
+    with pytest.raises(UserError, match="was made for another"):
+        run_study(
+            _request(
+                workdir, runner=_PinningRunner((("max_num_seqs", 512),)), trials=6, warm_start=False
+            )
+        )

@@ -6,7 +6,7 @@ always valid.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
@@ -56,11 +56,26 @@ class SpaceLimits:
 
     @property
     def summary(self) -> str:
+        return self.summary_without(())
+
+    def summary_without(self, omit: Collection[str]) -> str:
+        """The summary with the pinned parameters in `omit` left out."""
         parts = [] if self.context_parallel else ["cp1"]
         if not self.sequence_parallel:
             parts.append("nosp")
-        parts += [f"{k}={v}" for k, v in self.pinned]
+        parts += [f"{k}={v}" for k, v in self.pinned if k not in omit]
         return ",".join(parts)
+
+    def added_at_default(self, old_summary: str) -> list[str]:
+        """Pinned parameters an older summary does not list whose value is the candidate's
+        default (verl's): a knob added to the table since, pinned where the older study ran."""
+        listed = {part.split("=", 1)[0] for part in old_summary.split(",")}
+        fields_ = Candidate.__dataclass_fields__
+        return [
+            k
+            for k, v in self.pinned
+            if k not in listed and k in fields_ and fields_[k].default == v
+        ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,15 +156,28 @@ class SearchSpace:
             f"divides {w.mini_batch_size * w.n} samples (e.g. a power of two)"
         )
 
-    def fingerprint(self) -> str:
-        """Identifies the choices; a study refuses to resume under different choices."""
+    def fingerprint(self, omit: Collection[str] = ()) -> str:
+        """Identifies the choices; a study refuses to resume under different choices. `omit`:
+        pinned parameters left out (see `resumable_fingerprint`)."""
         w, c, m = self.workload, self.cluster, self.model
+        limits = self.limits.summary_without(omit)
         return (
             f"{m.name}|{m.num_layers}x{m.hidden_size}|{c.gpu.name}x{c.num_gpus}/"
             f"{c.gpus_per_node}|{w.prompt_len}+{w.response_len}|{w.batch_size}x{w.n}/"
-            f"{w.mini_batch_size}|{len(self.layouts)}"
-            + (f"|{self.limits.summary}" if self.limits.summary else "")
+            f"{w.mini_batch_size}|{len(self.layouts)}" + (f"|{limits}" if limits else "")
         )
+
+    def resumable_fingerprint(self, old: str) -> tuple[str, list[str]]:
+        """(this space's fingerprint as a study made under `old` would have recorded it, the
+        knobs that differ only by having been added since at their default): a study made
+        before a knob existed resumes when the runner pins the new knob where verl's default,
+        which the older study ran, put it."""
+        new = self.fingerprint()
+        if new == old:
+            return new, []
+        parts = old.split("|")
+        added = self.limits.added_at_default(parts[6] if len(parts) > 6 else "")
+        return (self.fingerprint(omit=added), added) if added else (new, [])
 
 
 _SPLITS: dict[tuple[int, int, int], tuple[int, int] | None] = {}

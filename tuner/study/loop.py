@@ -94,6 +94,11 @@ class _Study:
             ) from None
         fingerprint = f"{space.fingerprint()}|{req.runner.name}"
         old = self.study.user_attrs.get("space")
+        added: list[str] = []
+        if old is not None and old != fingerprint and old.endswith(f"|{req.runner.name}"):
+            then, added = space.resumable_fingerprint(old.removesuffix(f"|{req.runner.name}"))
+            if then == old.removesuffix(f"|{req.runner.name}"):
+                fingerprint = old
         if old is None:
             self.study.set_user_attr("space", fingerprint)
         elif old != fingerprint:
@@ -102,6 +107,11 @@ class _Study:
                 f"({old}); pass --study NEW_NAME to start a new one"
             )
         self.legacy, self.notes = check_leaderboard(req.csv_path, req.name, self.label)
+        if added and fingerprint == old:
+            self.notes.append(
+                f"study {req.name} was made before {', '.join(added)} existed; they stay pinned "
+                "at verl's default, as its earlier trials ran"
+            )
         self.lines: dict[tuple[int, str], str] = {}
         """Formatted CSV lines by (trial, recipe), so each rebuild formats only new rows."""
         self.records: dict[int, TrialRecord] = {}
