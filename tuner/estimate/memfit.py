@@ -60,9 +60,14 @@ GiB whatever the model, recompute, offload or token budget; 2 H200s (dense8k/moe
 default buffer sizes: kept as margin, it is what larger worlds need). It is this process's own:
 the OOM of moe8k-h200-x2.csv trial 2 reports 139.37 GiB in use by the process, 130.92 GiB of
 it PyTorch's (8.45 outside). A bare CUDA context is ~0.5 GiB and cuBLAS/cuBLASLt workspaces
-come from the caching allocator (inside reserved), so most of it is still unexplained: a probe
-of mem_get_info after each start-up stage of the worker (init_process_group, the attention and
-expert kernel checks, the model build) would say which stage takes it."""
+come from the caching allocator (inside reserved). Probed on one H100
+(`scripts/gpu_outside_probe.py`, output in scripts/gpu_outside_probe.out.txt): the start-up
+stages account for 1.28 GiB (CUDA context 0.60, cuBLAS 0.06, NCCL init 0.55, attention check
+0.06, megatron import 0); the other 7.60 GiB appear during the first trial (one Qwen3-1.7B
+full-recompute trial) and stay after it, after gc and empty_cache: memory the driver keeps for
+the process once a kernel has needed it (what kernel, not yet known; a per-thread local-memory
+reservation grown by one kernel is the likely form). It is not
+PyTorch's, so `expandable_segments` or emptying the cache does not return it."""
 WORKSPACE_GIB = 0.1
 """cuBLAS (2 x 4 MiB per handle and stream, torch's Hopper default), cuBLASLt (32 MiB) and
 transformer-engine (32 MiB per stream) workspaces. PyTorch's caching allocator provides them, so
