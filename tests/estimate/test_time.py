@@ -16,6 +16,9 @@ from tuner.estimate.context import DECODE_KERNELS_DENSE_LAYER, get_context, solv
 from tuner.estimate.time import (
     EAGER,
     FULL_GRAPH,
+    LOGIT_BYTES_LOG_PROB,
+    LOGIT_BYTES_REF,
+    LOGIT_BYTES_UPDATE,
     ROPE_THD_OPS_PER_SEQUENCE,
     TORCH_OP_HOST_S,
     _decode_step_s,
@@ -275,6 +278,60 @@ def test_unfused_rope_pays_a_host_loop_per_sequence() -> None:
     assert extra == pytest.approx(loop, rel=0.05)
     assert 14 < extra < 20  # the 17 s the references measured
     assert unfused.update_actor_s - fused.update_actor_s == pytest.approx(2 * extra, rel=0.05)
+
+
+def test_full_logits_cost_the_bytes_verl_moves_per_logit() -> None:
+    """Without fused kernels verl 0.9.1's old_log_prob makes the [tokens, vocab/tp] logits and
+    streams them through the fp32 copy, temperature division, clone, entropy and cross-entropy
+    (LOGIT_BYTES_LOG_PROB per logit); the fused kernel streams none of it. On 8 H100 at tp4 that
+    is seconds per step (dapo7b rows 5-8, which ran before verl's megatron fused kernels)."""
+    cl = cluster()
+    fused = estimate(cand("tp4"), QWEN7B, cl, DAPO)
+    full = estimate(cand("tp4", use_fused_kernels=False), QWEN7B, cl, DAPO)
+    ctx = get_context(QWEN7B, cl, DAPO, Profile())
+    logits_per_rank = DAPO.tokens_per_step / 2 * QWEN7B.vocab_size / 4  # dp 2, tp 4
+    extra = full.old_log_prob_s - fused.old_log_prob_s
+    assert extra == pytest.approx(logits_per_rank * LOGIT_BYTES_LOG_PROB / ctx.hbm, rel=1e-6)
+    assert 6 < extra < 10
+    # the update streams fewer bytes per logit (no entropy) over the same tokens, plus the
+    # one-sample imbalance per mini-batch
+    upd = full.update_actor_s - fused.update_actor_s
+    assert upd / extra == pytest.approx(LOGIT_BYTES_UPDATE / LOGIT_BYTES_LOG_PROB, rel=0.02)
+
+
+def test_the_reference_log_prob_pass_skips_the_entropy() -> None:
+    """verl's reference policy asks for log-probs only (`_compute_ref_log_prob`:
+    calculate_entropy=False): without fused kernels it streams LOGIT_BYTES_REF per logit."""
+    grpo = get_workload("grpo-math")
+    cl = cluster()
+    e = estimate(cand("tp4", use_fused_kernels=False), QWEN7B, cl, grpo)
+    ctx = get_context(QWEN7B, cl, grpo, Profile())
+    logits_per_rank = grpo.tokens_per_step / 2 * QWEN7B.vocab_size / 4
+    gap = e.old_log_prob_s - e.ref_s
+    want = logits_per_rank * (LOGIT_BYTES_LOG_PROB - LOGIT_BYTES_REF) / ctx.hbm
+    assert gap == pytest.approx(want, rel=1e-6)
+    fused = estimate(cand("tp4"), QWEN7B, cl, grpo)
+    assert fused.old_log_prob_s == pytest.approx(fused.ref_s)
+
+
+def test_log_prob_micro_batches_round_up_to_the_pipeline_under_vpp() -> None:
+    """Under virtual pipelining verl splits a forward-only batch into a multiple of the pp size
+    too: 3 micro-batches' worth of tokens runs as 4 equal ones, like 4 micro-batches' worth."""
+    per_rank = DAPO.tokens_per_step  # dp 1 at tp4pp2 on 8 GPUs
+    three = cand("tp4pp2vpp2", log_prob_max_token_len_per_gpu=math.ceil(per_rank / 2.5))
+    four = cand("tp4pp2vpp2", log_prob_max_token_len_per_gpu=math.ceil(per_rank / 3.5))
+    e3, e4 = (estimate(c, QWEN7B, cluster(), DAPO) for c in (three, four))
+    assert e3.old_log_prob_s == pytest.approx(e4.old_log_prob_s, rel=1e-9)
+    plain3, plain4 = (
+        estimate(
+            dataclasses.replace(c, layout=ParallelLayout.parse("tp4pp2", 8)),
+            QWEN7B,
+            cluster(),
+            DAPO,
+        )
+        for c in (three, four)
+    )
+    assert plain3.old_log_prob_s != pytest.approx(plain4.old_log_prob_s, rel=1e-6)
 
 
 def test_the_reference_rows_are_scored_with_what_they_ran(anchors: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tuner.errors import UserError
@@ -89,6 +89,24 @@ measurements."""
 GRPO_RECIPE = {"ppo_micro_batch_size_per_gpu": 2, "log_prob_micro_batch_size_per_gpu": 4}
 """GRPO_7B/qwen2.5_7b_megatron_vllm_benchmark.sh: micro-batch sizes used when the grpo rows
 switch dynamic batching off."""
+FULL_LOGITS_ROWS: dict[str, tuple[int, ...]] = {
+    "dapo7b": tuple(range(3, 19)),
+    "dapo_moe30b": tuple(range(3, 10)),
+}
+"""Reference rows that ran verl's full-logits log-prob path, whatever their recipe's
+`use_fused_kernels=True` says: they were published before verl had fused kernels for the megatron
+backend (volcengine/verl d9a6a31c8, PR #2210 "fused kernel lightweight", 2025-07-11; until then
+v0.4.1's workers/actor/megatron_actor.py makes the [tokens, vocab/tp] logits and runs
+vocab_parallel_entropy and vocab_parallel_log_probs_from_logits on them). dapo7b rows 3-18 (run
+names dated 0626-0704) were in ISEEKYAN/verl_megatron_practice's dapo7b.csv by 2025-07-07 and
+dapo_moe30b rows 3-9 (0704-0707) in dapo_moe30b.csv by 2025-07-10. The later rows (dapo7b 19-22
+and dapo_moe30b 10-17, added 2025-07-23 to 07-30; the GRPO file, September) ran the fused kernel
+their recipes ask for."""
+MFU_ATTENTION_FACTOR = 12
+"""verl 0.4-0.5's FlopsCounter (verl/utils/flops_counter.py `_estimate_qwen2_flops`,
+`_estimate_qwen2_moe_flops`, what the reference runs logged as perf/mfu/actor) counts attention
+as 12 x sum(seqlen^2) x head_dim x heads x layers, beside 6 x N x tokens for the weights N
+(attention projections, MLP or router plus top-k experts, embedding and output layer)."""
 
 _MODEL_NAMES = {
     "qwen2.5 7b math": "qwen2.5-7b",
@@ -238,6 +256,9 @@ def _reference_case(
     else:
         dynamic = actor >= 1024
     notes = [f"response mean {response_mean} from the file's throughput"] if response_mean else []
+    full_logits = int(row.get("trial") or 0) in FULL_LOGITS_ROWS.get(study, ())
+    if full_logits:
+        notes.append("full logits: verl before its megatron fused kernels")
     if dynamic:
         kw: dict[str, int | bool] = {
             "use_dynamic_bsz": True,
@@ -260,7 +281,7 @@ def _reference_case(
         recompute_granularity=recompute,
         param_offload=offload,
         optimizer_offload=offload,
-        use_fused_kernels=True,
+        use_fused_kernels=not full_logits,
         rollout_tp=int((row.get("infer_parallel") or "tp1").lower().removeprefix("tp") or 1),
         gpu_memory_utilization=util,
         max_num_batched_tokens=workload.max_seq_len,
@@ -270,7 +291,7 @@ def _reference_case(
         **kw,  # type: ignore[arg-type]
     )
     label = f"{study}:{row.get('trial', '')}"
-    return Case(
+    case = Case(
         label=label,
         candidate=cand,
         model=model,
@@ -278,8 +299,59 @@ def _reference_case(
         workload=workload,
         status=status,
         measured=measured,
-        notes="; ".join(notes),
     )
+    bound = mfu_response_bound(row, case)
+    if not response_mean and status == "ok":
+        told = f"; its MFU x update time allow <= {bound}" if bound else ""
+        notes.insert(
+            0, f"response mean {round(workload.mean_response_len)}: default, no token counts{told}"
+        )
+    elif bound:
+        notes[0] += f" (MFU x update time allow <= {bound})"
+    return replace(case, notes="; ".join(notes))
+
+
+def mfu_response_bound(row: dict[str, str], case: Case) -> int:
+    """The longest mean response a reference row's update MFU allows, 0 when it reports none.
+
+    verl logs perf/mfu/actor as its FlopsCounter's model FLOPs of the step's samples (see
+    MFU_ATTENTION_FACTOR; the samples' lengths from the workload's length model at a given
+    mean) over the time of `update_policy` x the GPUs' promised FLOP/s (989 T for H100, 148 T for
+    H20 in verl's table, as in tuner.hardware). update_policy runs inside the phase the row's
+    update_actor times, which adds the parameter/optimizer onload and offload and the
+    controller's dispatch: MFU x update_actor x peak x GPUs is at least the step's FLOPs, so the
+    mean that makes them equal is an upper bound on the row's mean response, not its value: the
+    grpo rows, whose throughput gives the value, sit under their bounds by a few to over thirty
+    percent (scripts/validate_estimator.py prints the spread)."""
+    mfu, seconds = number(row.get("mfu_pct")), case.measured.get("update_actor")
+    if not mfu or not seconds:
+        return 0
+    cl, m, w = case.cluster, case.model, case.workload
+    allowed = mfu / 100 * seconds * cl.gpu.bf16_tflops * 1e12 * cl.num_gpus
+    attn = m.num_attention_heads * m.head_dim
+    mlp = (
+        m.moe_topk * 3 * m.hidden_size * m.moe_ffn_hidden_size + m.hidden_size * m.num_experts
+        if m.is_moe
+        else 3 * m.hidden_size * m.ffn_hidden_size
+    )
+    kv = 2 * m.num_kv_heads * m.head_dim
+    weights = (m.hidden_size * (2 * attn + kv) + mlp) * m.num_layers
+    weights += 2 * m.vocab_size * m.hidden_size
+
+    def step_flops(mean: int) -> float:
+        lw = w.with_overrides(response_mean=mean)
+        pm, rm = lw.mean_prompt_len, lw.mean_response_len
+        e_s2 = pm * pm + 2 * pm * rm + lw.response_lengths.second_moment()
+        per = 6 * weights * (pm + rm) + MFU_ATTENTION_FACTOR * e_s2 * attn * m.num_layers
+        return lw.num_samples * per
+
+    lo, hi = 1, w.response_len
+    if step_flops(hi) <= allowed:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if step_flops(mid) <= allowed else (lo, mid)
+    return lo
 
 
 def _own_case(row: dict[str, str], status: str, measured: dict[str, float]) -> Case:
