@@ -317,3 +317,18 @@ def test_headroom_reaches_the_request(workdir: Path) -> None:
     )
     req = build_request(args, build_setup(args), make_runner("estimate"))
     assert req.headroom_gib == 6.5
+
+
+def test_the_tune_command_is_this_one() -> None:
+    """The README's test command installs Ray, whose `tune` command would shadow ours, then
+    reinstalls this package last: `tune --model ...` must still be this tool afterwards."""
+    import sys
+
+    script = Path(sys.executable).parent / "tune"
+    if not script.is_file():
+        pytest.skip("no tune script beside this Python (not installed with pip)")
+    assert "tuner.cli" in script.read_text(), (
+        "Ray's tune command shadows ours: pip install --no-deps --force-reinstall -e ."
+    )
+    out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--model" in out.stdout
