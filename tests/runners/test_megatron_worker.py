@@ -82,17 +82,20 @@ def test_short_steps_are_measured_until_the_window_is_long_enough():
 
     s = WorkerSpec.from_dict({**SPEC, "steps": 2, "min_measured_s": 12.0, "max_steps": 8})
     assert WorkerSpec.from_dict(json.loads(json.dumps(spec_to_dict(s)))) == s
+    rule = {"steps": s.steps, "max_steps": s.max_steps, "min_measured_s": s.min_measured_s}
     # 2.7 s steps (the MoE study): 2 always, then until 12 s have been measured
     ran = 0
-    while more_steps(s, ran, ran * 2.7):
+    while more_steps(ran, ran * 2.7, **rule):
         ran += 1
     assert ran == 5
     # 19 s steps (the 7B study) stop at 2; 0.1 s steps stop at max_steps
-    assert not more_steps(s, 2, 38.0)
-    assert more_steps(s, 7, 0.7) and not more_steps(s, 8, 0.8)
+    assert not more_steps(2, 38.0, **rule)
+    assert more_steps(7, 0.7, **rule) and not more_steps(8, 0.8, **rule)
     # without a window: exactly `steps`, as schema-2 specs without the fields ran
     plain = WorkerSpec.from_dict(SPEC)
-    assert more_steps(plain, plain.steps - 1, 0.1) and not more_steps(plain, plain.steps, 0.1)
+    bare = {"steps": plain.steps, "max_steps": plain.max_steps, "min_measured_s": 0.0}
+    assert plain.min_measured_s == 0.0
+    assert more_steps(plain.steps - 1, 0.1, **bare) and not more_steps(plain.steps, 0.1, **bare)
 
 
 @pytest.mark.parametrize(

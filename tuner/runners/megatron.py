@@ -51,7 +51,7 @@ from tuner.runners.megatron_refusals import megatron_refusals
 from tuner.runners.megatron_worker import SCHEMA, WorkerSpec, parse_result
 from tuner.runners.megatron_worker.protocol import ProgressWatch
 from tuner.runners.megatron_worker.spec import layout_to_dict
-from tuner.runners.megatron_worker.trial import plan_phase
+from tuner.runners.megatron_worker.trial import more_steps, plan_phase
 from tuner.runners.process import Launch, ProcessResult, run_process
 from tuner.space import Candidate, SpaceLimits, modules_of
 from tuner.workload import Workload
@@ -217,10 +217,16 @@ class MegatronRunner(Runner):
         self._pool: WorkerPool | None = None
 
     def measured_window_s(self, step_s: float) -> float:
-        """How long the measured steps of a trial whose steps take `step_s` last (the worker's
-        `more_steps` rule): `steps` of them, more until `min_measured_s`, at most `max_steps`."""
-        n = self.steps
-        while n < self.max_steps and n * step_s < self.min_measured_s:
+        """How long the measured steps of a trial whose steps take `step_s` last, by the
+        worker's own rule (`more_steps`)."""
+        n = 0
+        while more_steps(
+            n,
+            n * step_s,
+            steps=self.steps,
+            max_steps=self.max_steps,
+            min_measured_s=self.min_measured_s,
+        ):
             n += 1
         return n * step_s
 

@@ -158,7 +158,7 @@ class SearchSpace:
 
     def fingerprint(self, omit: Collection[str] = ()) -> str:
         """Identifies the choices; a study refuses to resume under different choices. `omit`:
-        pinned parameters left out (see `resumable_fingerprint`)."""
+        pinned parameters left out (see `added_since`)."""
         w, c, m = self.workload, self.cluster, self.model
         limits = self.limits.summary_without(omit)
         return (
@@ -167,17 +167,14 @@ class SearchSpace:
             f"{w.mini_batch_size}|{len(self.layouts)}" + (f"|{limits}" if limits else "")
         )
 
-    def resumable_fingerprint(self, old: str) -> tuple[str, list[str]]:
-        """(this space's fingerprint as a study made under `old` would have recorded it, the
-        knobs that differ only by having been added since at their default): a study made
-        before a knob existed resumes when the runner pins the new knob where verl's default,
-        which the older study ran, put it."""
-        new = self.fingerprint()
-        if new == old:
-            return new, []
+    def added_since(self, old: str) -> list[str]:
+        """The pinned knobs this space lists and a study's older fingerprint `old` does not,
+        if they are all at the candidate's default (verl's) and account for the whole
+        difference, else []: a study made before a knob existed resumes when the runner pins
+        the new knob where verl's default, which the older study ran, put it."""
         parts = old.split("|")
         added = self.limits.added_at_default(parts[6] if len(parts) > 6 else "")
-        return (self.fingerprint(omit=added), added) if added else (new, [])
+        return added if added and self.fingerprint(omit=added) == old else []
 
 
 _SPLITS: dict[tuple[int, int, int], tuple[int, int] | None] = {}

@@ -92,12 +92,13 @@ class _Study:
                 f"cannot open study {req.name} in {self.url} ({first}): "
                 "pass --storage with another path"
             ) from None
-        fingerprint = f"{space.fingerprint()}|{req.runner.name}"
+        runner = f"|{req.runner.name}"
+        fingerprint = f"{space.fingerprint()}{runner}"
         old = self.study.user_attrs.get("space")
         added: list[str] = []
-        if old is not None and old != fingerprint and old.endswith(f"|{req.runner.name}"):
-            then, added = space.resumable_fingerprint(old.removesuffix(f"|{req.runner.name}"))
-            if then == old.removesuffix(f"|{req.runner.name}"):
+        if old is not None and old != fingerprint and old.endswith(runner):
+            added = space.added_since(old.removesuffix(runner))
+            if added:
                 fingerprint = old
         if old is None:
             self.study.set_user_attr("space", fingerprint)
@@ -107,7 +108,7 @@ class _Study:
                 f"({old}); pass --study NEW_NAME to start a new one"
             )
         self.legacy, self.notes = check_leaderboard(req.csv_path, req.name, self.label)
-        if added and fingerprint == old:
+        if added:
             self.notes.append(
                 f"study {req.name} was made before {', '.join(added)} existed; they stay pinned "
                 "at verl's default, as its earlier trials ran"

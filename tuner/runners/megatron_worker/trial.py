@@ -233,7 +233,13 @@ def _measure(
             if flags[0].item() > 0:
                 abandoned = True
                 break
-            if not more_steps(spec, len(steps), flags[1].item()):
+            if not more_steps(
+                len(steps),
+                flags[1].item(),
+                steps=spec.steps,
+                max_steps=spec.max_steps,
+                min_measured_s=spec.min_measured_s,
+            ):
                 break
         measured_s = time.monotonic() - t_measure if t_measure else 0.0
         phase.name = spec.phases[-1]
@@ -271,14 +277,17 @@ def _measure(
         log(f"released {freed / 2**30:.1f} GiB of the trial's tensors")
 
 
-def more_steps(spec: WorkerSpec, measured: int, measured_s: float) -> bool:
-    """Whether to run another measured step: `spec.steps` always; then, while the measured
-    window is shorter than `spec.min_measured_s`, up to `spec.max_steps` (short steps vary by
-    up to 30% from one to the next, and a trial of seconds-long steps would otherwise spend
-    most of its wall time launching)."""
-    if measured < spec.steps:
+def more_steps(
+    measured: int, measured_s: float, *, steps: int, max_steps: int, min_measured_s: float
+) -> bool:
+    """Whether to run another measured step after `measured` of them lasting `measured_s`:
+    `steps` always; then, while the measured window is shorter than `min_measured_s`, up to
+    `max_steps` (short steps vary by up to 30% from one to the next, and a trial of seconds-long
+    steps would otherwise spend most of its wall time launching). The runner predicts a trial's
+    window with the same rule."""
+    if measured < steps:
         return True
-    return measured < max(spec.steps, spec.max_steps) and measured_s < spec.min_measured_s
+    return measured < max(steps, max_steps) and measured_s < min_measured_s
 
 
 def _schedule(
