@@ -329,14 +329,9 @@ def mfu_response_bound(row: dict[str, str], case: Case) -> int:
     cl, m, w = case.cluster, case.model, case.workload
     allowed = mfu / 100 * seconds * cl.gpu.bf16_tflops * 1e12 * cl.num_gpus
     attn = m.num_attention_heads * m.head_dim
-    mlp = (
-        m.moe_topk * 3 * m.hidden_size * m.moe_ffn_hidden_size + m.hidden_size * m.num_experts
-        if m.is_moe
-        else 3 * m.hidden_size * m.ffn_hidden_size
-    )
-    kv = 2 * m.num_kv_heads * m.head_dim
-    weights = (m.hidden_size * (2 * attn + kv) + mlp) * m.num_layers
-    weights += 2 * m.vocab_size * m.hidden_size
+    # the weights FlopsCounter counts are the model's matmul weights (ModelSpec's one formula),
+    # with the embedding and the output layer both counted, tied or not
+    weights = m.layer_matmul_params * m.num_layers + 2 * m.vocab_size * m.hidden_size
 
     def step_flops(mean: int) -> float:
         lw = w.with_overrides(response_mean=mean)
