@@ -6,7 +6,7 @@ always valid.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
@@ -15,7 +15,7 @@ from tuner.errors import UserError
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.space.candidate import Candidate
-from tuner.space.knobs import CP_CHOICES, KNOBS, MAX_PP, MAX_VPP, Drawn
+from tuner.space.knobs import CP_CHOICES, KNOBS, MAX_PP, MAX_VPP, Drawn, Knob
 from tuner.space.layout import ParallelLayout, balanced_split
 from tuner.space.rules import validate_layout
 from tuner.workload import Workload
@@ -207,6 +207,18 @@ class _Limited:
         return int(v) if pinned and low <= v <= high else self.t.suggest_int(name, low, high)
 
 
+def _offered(space: SearchSpace, drawn: Drawn) -> Iterator[tuple[Knob, list[Any]]]:
+    """The sampled knobs in KNOBS order with the choices valid given `drawn` (the caller adds
+    each knob's value to `drawn` before asking for the next); knobs not sampled here are
+    skipped."""
+    for k in KNOBS:
+        if k.choices is None:
+            continue
+        ch = k.choices(space, drawn)
+        if ch is not None:
+            yield k, list(ch)
+
+
 def sample(t: Suggester, space: SearchSpace) -> Candidate:
     """Draw one candidate, knob by knob in KNOBS order. Every value is drawn from choices valid
     for the values drawn before it, so the result passes validate() (a property test holds
@@ -214,13 +226,7 @@ def sample(t: Suggester, space: SearchSpace) -> Candidate:
     if space.limits.pinned:
         t = _Limited(t, space.limits)
     drawn: Drawn = {}
-    for k in KNOBS:
-        if k.choices is None:
-            continue
-        ch = k.choices(space, drawn)
-        if ch is None:
-            continue
-        ch = list(ch)
+    for k, ch in _offered(space, drawn):
         if len(ch) == 1:
             v = ch[0]
         elif k.int_range:
@@ -238,12 +244,7 @@ def params_for(c: Candidate, space: SearchSpace) -> dict[str, Any]:
     Token budgets and shares snap to the nearest value the space offers."""
     drawn: Drawn = {}
     p: dict[str, Any] = {}
-    for k in KNOBS:
-        if k.choices is None:
-            continue
-        ch = k.choices(space, drawn)
-        if ch is None:
-            continue
+    for k, ch in _offered(space, drawn):
         v = k.value(c)
         if len(ch) > 1:
             p[k.sampler_param] = k.encode(v, space, drawn)
