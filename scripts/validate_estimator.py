@@ -2,7 +2,7 @@
 
     python scripts/validate_estimator.py [ANCHOR_DIR_OR_CSV ...] [--profile calibration.json]
 
-Default: ../shared/anchors (relative to the repository). FSDP rows and rows without numbers are
+Default: tests/data/anchors (the repository's copies). FSDP rows and rows without numbers are
 skipped. The cost model is not fitted to these rows; this is the check of it. Inputs a row leaves
 out come from the reference recipes' conventions and scripts (tuner.estimate.validate
 REFERENCE_DEFAULTS, RECIPE_INPUTS, FULL_LOGITS_ROWS); a file that reports throughput sets its own
@@ -36,7 +36,7 @@ from tuner.estimate.validate import (
 from tuner.results import read_rows
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_ANCHORS = REPO / ".." / "shared" / "anchors"
+DEFAULT_ANCHORS = REPO / "tests" / "data" / "anchors"
 TARGET = 0.15
 """Issue 10's target for the median error of each goal phase on the reference leaderboards."""
 
