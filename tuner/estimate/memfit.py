@@ -413,7 +413,6 @@ def rows_from_leaderboards(
     measures old_log_prob + update without a reference model; others the whole step). Rows
     named in `exclude` (default EXCLUDED_ROWS) are left out."""
     skip = EXCLUDED_ROWS if exclude is None else exclude
-    from tuner.estimate import estimate
     from tuner.estimate.validate import load_cases
     from tuner.results import number, read_rows
 
@@ -428,7 +427,7 @@ def rows_from_leaderboards(
             row = raw.get(case.label, {})
             if f"{path.name}:{row.get('trial', '')}" in skip:
                 continue
-            e = estimate(case.candidate, case.model, case.cluster, case.workload)
+            e = case.predict()
             megatron = row.get("runner") == "megatron" or row.get("source") == "megatron"
             phases = ("old_log_prob", "update_actor") if megatron else _ALL_PHASES
             _, device, phase, _ = memory_view(
@@ -568,10 +567,12 @@ def memory_view(
 ) -> tuple[float, float, str, str]:
     """(allocated peak, device total, its phase, why unfit or '') over the `phases` a runner
     runs; `drop_reference` leaves out the reference model's weights (a runner that builds none).
-    Unfit: device + headroom (default memfit.DEFAULT_HEADROOM_GIB) > the GPU's memory."""
+    Unfit: device + headroom > the GPU's memory; the headroom is `headroom_gib`, else the one
+    `pred` was estimated with (`estimate(headroom_gib=...)`: one headroom per prediction, the
+    study's --headroom-gib where it gave one)."""
     mem = pred.memory
     ref = mem.reference_gib if drop_reference else 0.0
     device, phase = max((getattr(mem, _DEVICE_OF[p]) - ref, p) for p in phases)
     peak = max(getattr(mem, _ALLOCATED_OF[p]) - ref for p in phases)
-    headroom = DEFAULT_HEADROOM_GIB if headroom_gib is None else headroom_gib
+    headroom = pred.headroom_gib if headroom_gib is None else headroom_gib
     return peak, device, phase, device_unfit(device, cluster.gpu.memory_gib, headroom, phase)

@@ -76,8 +76,9 @@ class Runner(abc.ABC):
         self, pred: Estimate, cluster: Cluster, *, headroom_gib: float | None = None
     ) -> Predicted:
         """The cost model's numbers for what this runner measures (default: the whole step).
-        Unfit when the device total + `headroom_gib` (default memfit.DEFAULT_HEADROOM_GIB)
-        exceeds the GPU's memory, or vLLM has no room for one sequence."""
+        Unfit when the device total + `headroom_gib` (default: the headroom `pred` was
+        estimated with, `estimate(headroom_gib=...)`) exceeds the GPU's memory, or vLLM has no
+        room for one sequence."""
         peak, device, phase, unfit = memory_view(pred, cluster, headroom_gib=headroom_gib)
         if not unfit and not pred.fits and "KV cache" in pred.fit_reason:
             unfit = pred.fit_reason

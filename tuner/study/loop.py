@@ -140,7 +140,9 @@ class _Study:
             ):
                 params = hand_grid_params(self.space) if req.hand_grid else []
                 if req.warm_start:
-                    params += warm_start_params(self.space, req.profile, req.seed, req.runner)
+                    params += warm_start_params(
+                        self.space, req.profile, req.seed, req.runner, headroom_gib=req.headroom_gib
+                    )
                 enqueue_warm_start(self.study, params)
 
     def trials(self) -> list[optuna.trial.FrozenTrial]:

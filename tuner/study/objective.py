@@ -63,7 +63,10 @@ class Proposal:
 def propose(req: TuneRequest, c: Candidate, learner: StudyLearner) -> Proposal:
     from tuner.estimate import estimate
 
-    e = estimate(c, req.model, req.cluster, req.workload, req.profile)
+    # the study's headroom decides fitting in the model as in the guard (None: the default)
+    e = estimate(
+        c, req.model, req.cluster, req.workload, req.profile, headroom_gib=req.headroom_gib
+    )
     p = req.runner.predicted(e, req.cluster)
     dev = p.device_gib or p.peak_gib
     corrected, guard_unfit = learner.fit(dev)

@@ -29,19 +29,21 @@ def warm_start_params(
     runner: Runner | None = None,
     pool: int = WARM_START_POOL,
     best: int = WARM_START_BEST,
+    headroom_gib: float | None = None,
 ) -> list[tuple[dict[str, Any], str]]:
     """(sampler params, origin) pairs in launch order: the estimator's best of a random pool
     and the reference layouts valid here (scaled to this GPU count where the reference used
     more), each ordered by predicted throughput, interleaved with the predicted best first:
     best, reference, 2nd best, reference, ... A slow (e.g. offloaded) reference layout thus
-    never goes first; each candidate appears once."""
+    never goes first; each candidate appears once. `headroom_gib`: the study's (--headroom-gib),
+    None for the default."""
     m, cl, w = space.model, space.cluster, space.workload
     runner = runner or EstimateRunner()
     refs: list[tuple[float, dict[str, Any], str]] = []
     for c, origin in reference_candidates(m, cl, w):
         if c.layout.notation not in space.layouts or validate(c, m, cl, w):
             continue
-        p = runner.predicted(estimate(c, m, cl, w, profile), cl)
+        p = runner.predicted(estimate(c, m, cl, w, profile, headroom_gib=headroom_gib), cl)
         if not p.unfit:
             refs.append((p.tokens_per_s_per_gpu, params_for(c, space), origin))
     rng = random.Random(seed)
@@ -49,7 +51,7 @@ def warm_start_params(
     for _ in range(pool):
         s = RandomSuggester(rng)
         c = sample(s, space)
-        p = runner.predicted(estimate(c, m, cl, w, profile), cl)
+        p = runner.predicted(estimate(c, m, cl, w, profile, headroom_gib=headroom_gib), cl)
         if not p.unfit:
             scored.append((p.tokens_per_s_per_gpu, s.params, "estimator"))
     refs.sort(key=lambda x: -x[0])
