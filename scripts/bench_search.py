@@ -156,7 +156,7 @@ def _replay(path: Path) -> tuple[Any, float, list[dict[str, Any]], int]:
                 choices[k].append(r.get(k, ""))
         case = case_from_row({**r, "status": "ok", "update_actor_s": "1"})
         if case is not None:
-            e = estimate(case.candidate, case.model, case.cluster, case.workload, Profile())
+            e = case.predict(Profile())
             p = runner.predicted(e, case.cluster)
             if not p.unfit:
                 ranked.append((p.tokens_per_s_per_gpu, dict(zip(REPLAY_KNOBS, key, strict=True))))

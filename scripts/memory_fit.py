@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.estimate import estimate
 from tuner.estimate.memfit import EXCLUDED_ROWS, fit_memory, rows_from_leaderboards
 from tuner.estimate.validate import load_cases
 from tuner.results import number, read_rows
@@ -60,7 +59,7 @@ def main(argv: list[str]) -> int:
             md = number(row.get("peak_mem_device_gib"))
             if case.status != "ok" or ma is None or mr is None:
                 continue
-            m = estimate(case.candidate, case.model, case.cluster, case.workload).memory
+            m = case.predict().memory
             alloc = m.update_peak_gib - m.reference_gib  # the megatron runner's peak phase
             resv = alloc + m.slack_gib
             dev = resv + m.overhead_gib

@@ -13,12 +13,11 @@ import pytest
 from tuner.cli import main
 from tuner.estimate import Profile, estimate
 from tuner.estimate.context import DECODE_KERNELS_DENSE_LAYER, get_context, solve_theta
+from tuner.estimate.logits import DEFAULT_VERL
+from tuner.estimate.logits import LOGIT_TRAFFIC_BYTES as TRAFFIC
 from tuner.estimate.time import (
     EAGER,
     FULL_GRAPH,
-    LOGIT_BYTES_LOG_PROB,
-    LOGIT_BYTES_REF,
-    LOGIT_BYTES_UPDATE,
     ROPE_THD_OPS_PER_SEQUENCE,
     TORCH_OP_HOST_S,
     _decode_step_s,
@@ -31,6 +30,7 @@ from tuner.models import get_model
 from tuner.space import Candidate, ParallelLayout
 from tuner.workload import get_workload
 
+LOGIT_TRAFFIC_BYTES = TRAFFIC[DEFAULT_VERL]
 QWEN7B = get_model("qwen2.5-7b")
 MOE30B = get_model("qwen3-30b-moe")
 DAPO = get_workload("dapo-math")
@@ -283,7 +283,7 @@ def test_unfused_rope_pays_a_host_loop_per_sequence() -> None:
 def test_full_logits_cost_the_bytes_verl_moves_per_logit() -> None:
     """Without fused kernels verl 0.9.1's old_log_prob makes the [tokens, vocab/tp] logits and
     streams them through the fp32 copy, temperature division, clone, entropy and cross-entropy
-    (LOGIT_BYTES_LOG_PROB per logit); the fused kernel streams none of it. On 8 H100 at tp4 that
+    (LOGIT_TRAFFIC_BYTES per logit); the fused kernel streams none of it. On 8 H100 at tp4 that
     is seconds per step (dapo7b rows 5-8, which ran before verl's megatron fused kernels)."""
     cl = cluster()
     fused = estimate(cand("tp4"), QWEN7B, cl, DAPO)
@@ -291,24 +291,29 @@ def test_full_logits_cost_the_bytes_verl_moves_per_logit() -> None:
     ctx = get_context(QWEN7B, cl, DAPO, Profile())
     logits_per_rank = DAPO.tokens_per_step / 2 * QWEN7B.vocab_size / 4  # dp 2, tp 4
     extra = full.old_log_prob_s - fused.old_log_prob_s
-    assert extra == pytest.approx(logits_per_rank * LOGIT_BYTES_LOG_PROB / ctx.hbm, rel=1e-6)
+    assert extra == pytest.approx(
+        logits_per_rank * LOGIT_TRAFFIC_BYTES["old_log_prob"] / ctx.hbm, rel=1e-6
+    )
     assert 6 < extra < 10
     # the update streams fewer bytes per logit (no entropy) over the same tokens, plus the
     # one-sample imbalance per mini-batch
     upd = full.update_actor_s - fused.update_actor_s
-    assert upd / extra == pytest.approx(LOGIT_BYTES_UPDATE / LOGIT_BYTES_LOG_PROB, rel=0.02)
+    ratio = LOGIT_TRAFFIC_BYTES["update_actor"] / LOGIT_TRAFFIC_BYTES["old_log_prob"]
+    assert upd / extra == pytest.approx(ratio, rel=0.02)
 
 
 def test_the_reference_log_prob_pass_skips_the_entropy() -> None:
     """verl's reference policy asks for log-probs only (`_compute_ref_log_prob`:
-    calculate_entropy=False): without fused kernels it streams LOGIT_BYTES_REF per logit."""
+    calculate_entropy=False): without fused kernels it streams LOGIT_TRAFFIC_BYTES["ref"] per
+    logit."""
     grpo = get_workload("grpo-math")
     cl = cluster()
     e = estimate(cand("tp4", use_fused_kernels=False), QWEN7B, cl, grpo)
     ctx = get_context(QWEN7B, cl, grpo, Profile())
     logits_per_rank = grpo.tokens_per_step / 2 * QWEN7B.vocab_size / 4
     gap = e.old_log_prob_s - e.ref_s
-    want = logits_per_rank * (LOGIT_BYTES_LOG_PROB - LOGIT_BYTES_REF) / ctx.hbm
+    lp, ref = LOGIT_TRAFFIC_BYTES["old_log_prob"], LOGIT_TRAFFIC_BYTES["ref"]
+    want = logits_per_rank * (lp - ref) / ctx.hbm
     assert gap == pytest.approx(want, rel=1e-6)
     fused = estimate(cand("tp4"), QWEN7B, cl, grpo)
     assert fused.old_log_prob_s == pytest.approx(fused.ref_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.estimate.context import get_context
+from tuner.estimate.logits import DEFAULT_VERL
 from tuner.estimate.memfit import DEFAULT_HEADROOM_GIB, device_unfit
 from tuner.estimate.memory import MemoryBreakdown, memory_of
 from tuner.estimate.profile import Profile, load_profile, save_profile
@@ -85,13 +86,15 @@ def estimate(
     profile: Profile | None = None,
     *,
     headroom_gib: float | None = None,
+    verl_logits: str = DEFAULT_VERL,
 ) -> Estimate:
     """Predicted phase times, throughput, MFU and per-phase peak memory of candidate `c`; it fits
     when its device total plus `headroom_gib` (default memfit.DEFAULT_HEADROOM_GIB) is at most
-    the GPU's memory and vLLM has room for one sequence."""
+    the GPU's memory and vLLM has room for one sequence. `verl_logits`: the verl release whose
+    full-logits passes are counted (estimate/logits.py; the installed one's by default)."""
     ctx = get_context(m, cl, w, profile or _DEFAULT_PROFILE)
-    t = phase_times_of(ctx, c)
-    mem = memory_of(ctx, c, t.n_micro_update)
+    t = phase_times_of(ctx, c, verl_logits)
+    mem = memory_of(ctx, c, t.n_micro_update, verl_logits)
     step = t.step_s
     gpus = cl.num_gpus
     peak = mem.peak_gib

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from tuner.errors import UserError
-from tuner.estimate import Estimate, estimate
+from tuner.estimate import Estimate
 from tuner.estimate.profile import CALIBRATED, Profile
 from tuner.estimate.validate import Case, case_from_row, predicted_phase
 
@@ -94,7 +94,7 @@ def _log_errors(obs: list[Observation], profile: Profile) -> np.ndarray:
         e = cache.get(id(o.case))
         if e is None:
             c = o.case
-            e = cache[id(o.case)] = estimate(c.candidate, c.model, c.cluster, c.workload, profile)
+            e = cache[id(o.case)] = c.predict(profile)
         pred = predicted_phase(e, o.phase)
         out[i] = math.log(pred / o.measured_s) if 0 < pred < math.inf else 5.0
     return out

@@ -18,6 +18,7 @@ from tuner.estimate.context import (
     Context,
     get_context,
 )
+from tuner.estimate.logits import DEFAULT_VERL, LOGIT_HELD_BYTES
 from tuner.estimate.memfit import (
     CUDA_CONTEXT_GIB,
     LOCAL_SPEC_OUTSIDE_GIB,
@@ -33,10 +34,6 @@ from tuner.workload import Workload
 
 OPTIMIZER_BYTES = 3 * FP32
 """Adam in Megatron's distributed optimizer: fp32 master weights and two moments per parameter."""
-LOGIT_BYTES_UPDATE = BF16 + 2 * FP32
-"""Per logit without fused kernels in the update: bf16 logits, fp32 log-softmax and its grad."""
-LOGIT_BYTES_LOG_PROB = BF16 + FP32
-"""Per logit without fused kernels in a log-prob pass: bf16 logits and the fp32 log-softmax."""
 ADAM_STEP_TEMP_BYTES = FP32
 """Per parameter of the largest optimizer shard, the temporary of the optimizer step: without
 transformer-engine or apex, megatron-core 0.19 falls back to torch.optim.Adam(W)
@@ -442,9 +439,12 @@ def kv_cache_bytes(ctx: Context, c: Candidate) -> float:
     return budget - used
 
 
-def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> MemoryBreakdown:
+def memory_of(
+    ctx: Context, c: Candidate, n_micro_update: float = 0.0, verl_logits: str = DEFAULT_VERL
+) -> MemoryBreakdown:
     """The per-phase peaks of candidate `c` (n_micro_update: micro-batches per mini-batch, for
-    how many are in flight under pipeline parallelism; 0 means 'at least pp')."""
+    how many are in flight under pipeline parallelism; 0 means 'at least pp'; `verl_logits`:
+    the verl release whose full-logits passes are counted, estimate/logits.py)."""
     lay = c.layout
     dense, expert = params_local(ctx, lay)
     n_local = dense + expert
@@ -467,9 +467,12 @@ def memory_of(ctx: Context, c: Candidate, n_micro_update: float = 0.0) -> Memory
     stored, working = _stored_and_working(ctx, c, tokens, per_layer, layers_stage)
     acts = stored * in_flight + working
     vocab_local = ctx.vocab / lay.tp
-    logits_upd = 0.0 if c.use_fused_kernels else tokens * vocab_local * LOGIT_BYTES_UPDATE
+    # without fused kernels: the full logits verl's passes hold at once (estimate/logits.py);
+    # the log-prob phase's peak is old_log_prob's (it computes the entropy, the ref pass not)
+    held = LOGIT_HELD_BYTES[verl_logits]
+    logits_upd = tokens * vocab_local * held["update_actor"]
     lp_tokens = _peak_micro_tokens(ctx, c, log_prob=True)
-    logits_lp = 0.0 if c.use_fused_kernels else lp_tokens * vocab_local * LOGIT_BYTES_LOG_PROB
+    logits_lp = lp_tokens * vocab_local * held["old_log_prob"]
     if c.use_fused_kernels:
         head = vocab_local * ctx.hidden  # the output layer's weight on this rank
         logits_upd = (

@@ -24,6 +24,7 @@ from tuner.estimate.context import (
     Context,
     get_context,
 )
+from tuner.estimate.logits import DEFAULT_VERL, LOGIT_TRAFFIC_BYTES
 from tuner.estimate.memory import kv_cache_bytes, params_local
 from tuner.estimate.profile import Profile
 from tuner.hardware import Cluster
@@ -88,30 +89,6 @@ max_num_batched_tokens)."""
 PIECEWISE_EAGER_KERNELS = 2
 """Kernels per layer a piecewise CUDA graph leaves to eager launches: vLLM splits its compiled
 graph at attention (KV-cache write and the attention kernel) and replays the pieces between."""
-LOGIT_BYTES_LOG_PROB = 2 + 4 + 8 + 8 + 40 + 32
-"""HBM bytes per logit (a token times a vocab/tp column) an old_log_prob pass moves without fused
-kernels, beyond the output GEMM's own bf16 write, counted from verl 0.9.1's megatron engine
-(verl/workers/engine/megatron/transformer_impl.py `forward_step` -> `_lm_head_logits_processor`,
-`calculate_entropy=True` from trainer/ppo/ray_trainer.py `_compute_old_log_prob`): megatron-core's
-Float16Module hands the last stage's logits back in fp32 (read 2, write 4);
-`logits.div_(temperature)` (read and write 4 each: 8); `logits.clone()` kept for the log-probs
-because the entropy works in place (8); `vocab_parallel_entropy` (verl/utils/megatron/
-tensor_parallel.py: max 4, subtract 8, exp_ 8, sum 4, div_ 8, the compiled sum(p*z) 8: 40);
-`vocab_parallel_log_probs_from_logits`, megatron-core's vocab-parallel cross-entropy (max 4,
-subtract in place 8, exp in place 8, sum 4, divide in place 8: 32). The fused path
-(`linear_cross_entropy`, verl/utils/kernel/kernels.py) computes the logits tile by tile and keeps
-max, sum and entropy in registers: none of these passes. verl before 0.5 (the reference runs of
-June-July 2025) had neither the temperature division nor the clone: 78 bytes."""
-LOGIT_BYTES_REF = 2 + 4 + 8 + 32
-"""The same for the reference policy's log-prob pass, which asks for no entropy
-(`_compute_ref_log_prob`: calculate_entropy=False): fp32 copy, temperature division and the
-cross-entropy, no clone."""
-LOGIT_BYTES_UPDATE = 2 + 4 + 8 + 32 + 8 + 8 + 6
-"""The same for an update micro-batch (forward and backward, no entropy: verl 0.9.1 computes it
-in the update only with an entropy coefficient or `actor.calculate_entropy`): fp32 copy (6),
-temperature division (8), cross-entropy forward (32); backward: megatron's cross-entropy
-gradient scales the saved softmax in place (8), the division's gradient (8), and the fp32
-gradient cast back to bf16 for the output layer's backward GEMMs (read 4, write 2)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -353,8 +330,8 @@ def _layout_lin(ctx: Context, c: Candidate) -> _Lin:
 
 def _logits_slope(ctx: Context, tp: int, fused: bool, bytes_per_logit: int) -> float:
     """Extra seconds per token for full-vocabulary logits in memory (no fused kernels):
-    `bytes_per_logit` (LOGIT_BYTES_UPDATE or LOGIT_BYTES_LOG_PROB) over this rank's vocab shard
-    at the HBM rate."""
+    `bytes_per_logit` (the phase's LOGIT_TRAFFIC_BYTES, estimate/logits.py) over this rank's
+    vocab shard at the HBM rate."""
     if fused:
         return 0.0
     return ctx.vocab / tp * bytes_per_logit / ctx.hbm
@@ -611,8 +588,10 @@ def _generation(
 # --------------------------------------------------------------------------------------------
 
 
-def phase_times_of(ctx: Context, c: Candidate) -> PhaseTimes:
-    """Seconds of each phase for candidate `c` (the per-candidate hot path)."""
+def phase_times_of(ctx: Context, c: Candidate, verl_logits: str = DEFAULT_VERL) -> PhaseTimes:
+    """Seconds of each phase for candidate `c` (the per-candidate hot path); `verl_logits`: the
+    verl release whose full-logits passes are counted (estimate/logits.py)."""
+    logit_bytes = LOGIT_TRAFFIC_BYTES[verl_logits]
     lay = c.layout
     p = ctx.profile
     tp, pp, vpp, cp, dp = lay.tp, lay.pp, lay.vpp, lay.cp, lay.dp
@@ -636,7 +615,7 @@ def phase_times_of(ctx: Context, c: Candidate) -> PhaseTimes:
     if vpp > 1 and n_micro % pp:
         n_micro += pp - n_micro % pp
     tok = rank_mini / (n_micro * cp)
-    logit = _logits_slope(ctx, tp, c.use_fused_kernels, LOGIT_BYTES_UPDATE)
+    logit = _logits_slope(ctx, tp, c.use_fused_kernels, logit_bytes["update_actor"])
     fwd = layers_stage * (lin.fwd_slope * tok + lin.fwd_icpt)
     bwd = layers_stage * (lin.bwd_slope * tok + lin.bwd_icpt)
     head = (lin.head_fwd_slope + lin.head_bwd_slope + logit) * tok
@@ -718,11 +697,12 @@ def phase_times_of(ctx: Context, c: Candidate) -> PhaseTimes:
     lp_fixed = lp_offload + ctx.batch_bytes_log_prob * ship
     # the last stage's logits work: old_log_prob computes the entropy too, the reference pass
     # only the log-probs (trainer/ppo/ray_trainer.py _compute_ref_log_prob)
-    old_logits = _logits_slope(ctx, tp, c.use_fused_kernels, LOGIT_BYTES_LOG_PROB) * tok_lp
+    fused = c.use_fused_kernels
+    old_logits = _logits_slope(ctx, tp, fused, logit_bytes["old_log_prob"]) * tok_lp
     log_prob = lp_steps * (lp_micro + old_logits) + lp_fixed
     ref = 0.0
     if ctx.uses_ref:
-        ref_logits = _logits_slope(ctx, tp, c.use_fused_kernels, LOGIT_BYTES_REF) * tok_lp
+        ref_logits = _logits_slope(ctx, tp, fused, logit_bytes["ref"]) * tok_lp
         ref = lp_steps * (lp_micro + ref_logits) + lp_fixed
     critic = (update + log_prob) if ctx.has_critic else 0.0
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tuner.errors import UserError
 from tuner.estimate import Estimate, Profile, estimate
+from tuner.estimate.logits import DEFAULT_VERL
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import ModelSpec, get_model
 from tuner.results import number, read_rows
@@ -102,6 +103,9 @@ names dated 0626-0704) were in ISEEKYAN/verl_megatron_practice's dapo7b.csv by 2
 dapo_moe30b rows 3-9 (0704-0707) in dapo_moe30b.csv by 2025-07-10. The later rows (dapo7b 19-22
 and dapo_moe30b 10-17, added 2025-07-23 to 07-30; the GRPO file, September) ran the fused kernel
 their recipes ask for."""
+FULL_LOGITS_VERL = "0.4.1"
+"""The verl release whose full-logits passes FULL_LOGITS_ROWS ran (estimate/logits.py
+PASSES_0_4: no temperature division, no clone)."""
 MFU_ATTENTION_FACTOR = 12
 """verl 0.4-0.5's FlopsCounter (verl/utils/flops_counter.py `_estimate_qwen2_flops`,
 `_estimate_qwen2_moe_flops`, what the reference runs logged as perf/mfu/actor) counts attention
@@ -136,6 +140,20 @@ class Case:
     measured: dict[str, float] = field(default_factory=dict)
     """Phase name -> seconds, for the phases the row reports."""
     notes: str = ""
+    verl_logits: str = DEFAULT_VERL
+    """The verl release whose full-logits passes the row ran (estimate/logits.py): 0.4.1 for
+    FULL_LOGITS_ROWS."""
+
+    def predict(self, profile: Profile | None = None) -> Estimate:
+        """The cost model's numbers for this row, as it ran."""
+        return estimate(
+            self.candidate,
+            self.model,
+            self.cluster,
+            self.workload,
+            profile,
+            verl_logits=self.verl_logits,
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -299,6 +317,7 @@ def _reference_case(
         workload=workload,
         status=status,
         measured=measured,
+        verl_logits=FULL_LOGITS_VERL if full_logits else DEFAULT_VERL,
     )
     bound = mfu_response_bound(row, case)
     if not response_mean and status == "ok":
@@ -421,10 +440,7 @@ def predicted_phase(e: Estimate, phase: str) -> float:
 
 
 def validate(cases: list[Case], profile: Profile | None = None) -> Summary:
-    outcomes = [
-        Outcome(case=c, estimate=estimate(c.candidate, c.model, c.cluster, c.workload, profile))
-        for c in cases
-    ]
+    outcomes = [Outcome(case=c, estimate=c.predict(profile)) for c in cases]
     errors: dict[str, list[float]] = {name: [] for _, name in PHASES}
     for o in outcomes:
         if o.case.status != "ok":
