@@ -115,6 +115,29 @@ def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
         help="a Python file with compute_score() (default: reward.py beside --train-file, "
         "else verl's scorer for each row's data_source)",
     )
+    g.add_argument(
+        "--verl-bridge",
+        choices=("megatron-bridge", "mbridge"),
+        help="how verl builds the Megatron model: megatron-bridge (verl 0.9.1's default) or "
+        "mbridge (actor.megatron.vanilla_mbridge=True); recorded in each row and the recipe",
+    )
+    g.add_argument(
+        "--verl-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another verl Hydra override for every trial (repeatable), checked against verl's "
+        "own config before anything launches; recorded in each row and the recipe",
+    )
+    g.add_argument(
+        "--verl-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for every trial (repeatable); recorded in each row and "
+        "the recipe (the preflight adds what the host needs, e.g. VLLM_USE_FLASHINFER_SAMPLER=0 "
+        "where flashinfer is absent)",
+    )
     g.add_argument("--ray-address", help="--launcher ray: the dashboard, http://<head>:8265")
     g.add_argument("--slurm-partition", help="--launcher slurm: #SBATCH --partition")
     g.add_argument("--slurm-account", help="--launcher slurm: #SBATCH --account")
@@ -447,6 +470,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     runner = make_runner(args.runner, **options)
     req = build_request(args, setup, runner)
     check_request_paths(req)
+    # before the space is drawn: the verl runner's preflight decides what the host can run
+    runner.check_available(setup.cluster)
     if args.runner == "auto" and runner.name == "estimate":
         print(
             "tune: no GPU here: using the estimator (rows say source=estimate; nothing is measured)"

@@ -40,6 +40,7 @@ def export_recipe(
     from tuner.models import get_model
     from tuner.results import read_raw
     from tuner.space import Candidate
+    from tuner.verl_settings import VerlSettings
     from tuner.workload import PRESETS, Workload, get_workload
 
     row = choose_row(read_raw(csv_path), csv_path, rank=rank, trial=trial)
@@ -63,6 +64,7 @@ def export_recipe(
             response_mean=round(float(row.get("response_mean_len") or 0)),
         )
         cand = Candidate.from_record(row, cluster.num_gpus)
+        settings = VerlSettings.from_record(row)
     except (KeyError, ValueError) as e:
         if isinstance(e, UserError):
             raise
@@ -71,6 +73,12 @@ def export_recipe(
             "the row is incomplete or damaged; pick another with --trial"
         ) from None
     recipe = recipes.render(
-        cand, model, cluster, workload, steps=steps, origin=recipes.origin_of(csv_path, row)
+        cand,
+        model,
+        cluster,
+        workload,
+        steps=steps,
+        origin=recipes.origin_of(csv_path, row),
+        settings=settings,
     )
     return recipes.write(recipe, recipes_dir / recipes._slug(model.name), suffix=f"t{row['trial']}")

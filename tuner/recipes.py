@@ -11,6 +11,7 @@ from tuner import verl_command, versions
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.space import Candidate
+from tuner.verl_settings import VerlSettings
 from tuner.workload import Workload
 
 
@@ -60,19 +61,29 @@ else null (verl's built-in scorer for each row's data_source). The verl runner d
 
 
 def render(
-    c: Candidate, m: ModelSpec, cl: Cluster, w: Workload, *, origin: str = "", steps: int = 3
+    c: Candidate,
+    m: ModelSpec,
+    cl: Cluster,
+    w: Workload,
+    *,
+    origin: str = "",
+    steps: int = 3,
+    settings: VerlSettings | None = None,
 ) -> Recipe:
     """A bash script that runs verl's main_ppo with the candidate's overrides.
 
     MODEL_PATH, TRAIN_FILE and NNODES come from the environment (REWARD_FN too, optionally);
-    TOTAL_STEPS defaults to `steps` (3, as the tuner measures). With those set as the verl runner
-    set them, the script runs the runner's command with the same overrides."""
+    TOTAL_STEPS defaults to `steps` (3, as the tuner measures). `settings`: the verl runner's
+    bridge, extra overrides and environment the row ran with (exported as they ran). With those
+    set as the verl runner set them, the script runs the runner's command with the same
+    overrides."""
     ov = verl_command.overrides(
-        c, m, cl, w, steps="${TOTAL_STEPS}", experiment=experiment_name(c, m, cl)
+        c, m, cl, w, steps="${TOTAL_STEPS}", experiment=experiment_name(c, m, cl), settings=settings
     )
     args = verl_command.override_args(ov)
     hf = m.hf_id or m.name
-    env = [f"export {k}={v}" for k, v in verl_command.ENV.items()]
+    run_env = {**verl_command.ENV, **(settings.environment() if settings else {})}
+    env = [f"export {k}={shlex.quote(v)}" for k, v in run_env.items()]
     response = (
         f"fixed {w.response_len}-token responses (ignore_eos)"
         if verl_command.fixed_response_length(w)
@@ -93,6 +104,13 @@ def render(
     ]
     if origin:
         lines.append(f"# origin: {origin}")
+    if settings is not None:
+        said = [f"bridge {settings.bridge}"]
+        if settings.env:
+            said.append("environment " + shlex.join(f"{k}={v}" for k, v in settings.env))
+        if settings.overrides:
+            said.append(f"{len(settings.overrides)} extra override(s), last below")
+        lines.append("# verl settings of the row: " + ", ".join(said))
     lines += [
         "# usage: MODEL_PATH=/path/to/model TRAIN_FILE=/path/to/train.parquet NNODES=N "
         "bash this.sh [extra overrides]",

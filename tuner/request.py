@@ -53,7 +53,12 @@ def build_setup(args: argparse.Namespace) -> Setup:
 
 def verl_runner_options(args: argparse.Namespace) -> dict[str, Any]:
     """The `--runner verl` options, as VerlRunner's keyword arguments."""
+    from tuner.verl_settings import VerlSettings
+
     return {
+        "settings": VerlSettings.parse(
+            bridge=args.verl_bridge, overrides=args.verl_override, env=args.verl_env
+        ),
         "launcher": args.launcher,
         "model_path": args.model_path,
         "train_file": args.train_file,

@@ -14,8 +14,9 @@ from typing import Any
 
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
-from tuner.space import ACTOR, REF, ROLLOUT, TF_CONFIG, Candidate, knob_overrides
-from tuner.workload import Workload
+from tuner.space import ACTOR, KNOBS, REF, ROLLOUT, TF_CONFIG, Candidate, knob_overrides
+from tuner.verl_settings import VerlSettings, bare_key
+from tuner.workload import ALGORITHMS, Workload
 
 CONFIG_NAME = "ppo_megatron_trainer"
 ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo", f"--config-name={CONFIG_NAME}")
@@ -98,6 +99,49 @@ def critic_overrides(actor: dict[str, Any], model_path: str) -> dict[str, Any]:
     return out
 
 
+class Raw(str):
+    """Hydra text given by the user (`--verl-override`): written as it is, never re-quoted."""
+
+
+def trainer_overrides(
+    cl: Cluster, *, steps: int | str, nnodes: str | int, experiment: str
+) -> dict[str, Any]:
+    return {
+        "trainer.logger": ["console", "file"],
+        "trainer.project_name": PROJECT,
+        "trainer.experiment_name": experiment,
+        "trainer.n_gpus_per_node": cl.local_gpus,
+        "trainer.nnodes": nnodes,
+        "trainer.total_training_steps": steps,
+        "trainer.val_before_train": False,
+        "trainer.test_freq": -1,
+        "trainer.save_freq": -1,
+        "trainer.resume_mode": "disable",
+    }
+
+
+def tuner_keys() -> dict[str, str]:
+    """Every key the tuner itself sets (bare, without `+`) -> what sets it: a knob, the workload,
+    the data or the trainer. A `--verl-override` of one of them is refused: the row would not
+    say what ran."""
+    out: dict[str, str] = {}
+    for k in KNOBS:
+        for key in k.verl_keys:
+            out[bare_key(key)] = f"the knob {k.name} (the search sets it)"
+    for algo in ALGORITHMS:
+        for key in workload_overrides(Workload().with_overrides(algorithm=algo)):
+            out.setdefault(bare_key(key), "the workload (use tune's workload options)")
+    for key in ("data.train_files", "data.val_files", "actor_rollout_ref.model.path"):
+        out[key] = "the study (--model-path, --train-file)"
+    out["reward.custom_reward_function.path"] = "the study (--reward-fn)"
+    from tuner.hardware import get_gpu
+
+    one = Cluster(gpu=get_gpu("h100"), num_gpus=1)
+    for key in trainer_overrides(one, steps=3, nnodes=1, experiment=""):
+        out[key] = "the tuner's 3-step trial"
+    return out
+
+
 def overrides(
     c: Candidate,
     m: ModelSpec,
@@ -110,8 +154,10 @@ def overrides(
     reward_fn: str = "${REWARD_FN}",
     nnodes: str | int = "${NNODES}",
     experiment: str = "tune",
+    settings: VerlSettings | None = None,
 ) -> dict[str, Any]:
-    """Every override, in a stable order: data, workload, knobs, megatron extras, trainer.
+    """Every override, in a stable order: data, workload, knobs, megatron extras, trainer, then
+    the study's verl settings (bridge, `--verl-override`) when given.
 
     `reward_fn` is a Python file with `compute_score(data_source, solution_str, ground_truth,
     extra_info)`, or `null` for verl's built-in scorer of each row's data_source."""
@@ -126,23 +172,12 @@ def overrides(
     }
     if w.algorithm == "ppo":
         out.update(critic_overrides(knobs, model_path))
-    out.update(
-        {
-            "trainer.logger": ["console", "file"],
-            "trainer.project_name": PROJECT,
-            "trainer.experiment_name": experiment,
-            "trainer.n_gpus_per_node": cl.local_gpus,
-            "trainer.nnodes": nnodes,
-            "trainer.total_training_steps": steps,
-            "trainer.val_before_train": False,
-            "trainer.test_freq": -1,
-            "trainer.save_freq": -1,
-            "trainer.resume_mode": "disable",
-        }
-    )
+    out.update(trainer_overrides(cl, steps=steps, nnodes=nnodes, experiment=experiment))
     if not uses_reference_model(w):
         for key in [k for k in out if k.startswith(f"{REF}.")]:
             out.pop(key)
+    if settings is not None:
+        out.update({k: Raw(v) for k, v in settings.hydra_overrides().items()})
     return out
 
 
@@ -151,6 +186,8 @@ _PLAIN = re.compile(r"[\w/\-+.@%]*|\$\{[^}]*\}")
 
 
 def format_value(v: Any) -> str:
+    if isinstance(v, Raw):
+        return str(v)
     if v is None:
         return "null"
     if isinstance(v, bool):

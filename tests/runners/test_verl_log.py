@@ -17,6 +17,7 @@ from tuner.runners.verl_log import (
     measures,
     read_console,
     read_jsonl,
+    root_exception,
 )
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "verl_logs"
@@ -141,10 +142,25 @@ def test_failure_causes_from_recorded_logs(
     assert len(f.reason) <= 220 and "\n" not in f.reason
 
 
-def test_unclassified_failure_names_the_last_exception() -> None:
+def test_a_missing_module_is_named_with_what_to_do() -> None:
+    """The issue's case: Ray wraps a worker's ModuleNotFoundError in RayTaskError; the reason is
+    the module and what to do, not the exit code."""
     text = (LOGS / "missing_module.log").read_text()
-    assert classify(text) is None
+    f = classify(text)
+    assert f is not None and f.kind == "missing-module" and f.status is Status.FAILED
+    assert "transfer_queue" in f.reason and "install it where the trials run" in f.reason
     assert last_exception(text) == "ModuleNotFoundError: No module named 'transfer_queue'"
+
+
+def test_the_root_exception_is_the_first_one_a_wrapper_carries() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        "ray.exceptions.RayTaskError(ValueError): ray::WorkerDict.init_model()\n"
+        "ValueError: hidden_size 100 is not divisible by num_attention_heads 3\n"
+        "RuntimeError: the trainer stopped\n"
+    )
+    assert root_exception(text).startswith("ValueError: hidden_size 100")
+    assert root_exception("no exception here\n") == ""
 
 
 def test_a_clean_log_is_no_failure(verl_run: tuple[Path, str]) -> None:

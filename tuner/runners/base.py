@@ -68,6 +68,11 @@ class Runner(abc.ABC):
     def check_available(self, cluster: Cluster) -> None:  # noqa: B027 (optional hook)
         """Raise UserError with one actionable line if this runner cannot run here."""
 
+    def record_fields(self) -> dict[str, str]:
+        """Settings of this runner every row of the study records (e.g. the verl runner's
+        bridge, overrides and environment); none by default."""
+        return {}
+
     def space_limits(self, model: ModelSpec) -> SpaceLimits:
         """What this runner can measure (default: everything)."""
         return SpaceLimits()

@@ -31,6 +31,7 @@ from tuner.dataset import (
 )
 from tuner.errors import UserError
 from tuner.hardware import Cluster
+from tuner.models import ModelSpec
 from tuner.recipes import experiment_name
 from tuner.results import Status, TrialResult
 from tuner.runners.base import Runner, TrialSpec
@@ -52,7 +53,11 @@ from tuner.runners.verl_log import (
     measures,
     read_console,
     read_jsonl,
+    root_exception,
 )
+from tuner.runners.verl_preflight import Preflight, preflight
+from tuner.space import SpaceLimits
+from tuner.verl_settings import VerlSettings
 
 LOG_NAME = "verl.log"
 COMMAND_NAME = "command.sh"
@@ -106,6 +111,8 @@ class VerlRunner(Runner):
         steps: int = MEASURED_STEP,
         entrypoint: Sequence[str] | None = None,
         launch: Launch | None = None,
+        settings: VerlSettings | None = None,
+        preflight: bool | None = None,
     ) -> None:
         if not model_path:
             raise UserError(
@@ -135,6 +142,44 @@ class VerlRunner(Runner):
         self.reward_fn = Path(reward_fn).expanduser().resolve() if reward_fn else None
         self.steps = steps
         self._tokenizer: tuple[ChatTokenizer | None, str] | None = None
+        self.user_settings = settings or VerlSettings()
+        self._check_override_keys()
+        self.run_preflight = entrypoint is None if preflight is None else preflight
+        """The preflight runs where the trials run verl's own main_ppo (tests pass a stand-in)."""
+        self._preflight: Preflight | None = None
+
+    def _check_override_keys(self) -> None:
+        """A `--verl-override` of a key the tuner sets would make the row lie: refused."""
+        owned = verl_command.tuner_keys()
+        for key, _ in self.user_settings.overrides:
+            bare = key.lstrip("+")
+            if bare in owned:
+                raise UserError(f"--verl-override {bare}: it is set by {owned[bare]}; leave it out")
+
+    def preflight(self) -> Preflight | None:
+        """The host check, once per study (None where it does not run: Ray and Slurm clusters
+        are checked by their first trial, and a stand-in entrypoint is not verl)."""
+        if not self.run_preflight or self.launcher.name != "local":
+            return None
+        if self._preflight is None:
+            self._preflight = preflight(self.python, self.user_settings)
+        return self._preflight
+
+    @property
+    def settings(self) -> VerlSettings:
+        """The user's settings with what the host needs (the preflight's environment)."""
+        pf = self._preflight
+        return self.user_settings.with_env(pf.env) if pf is not None else self.user_settings
+
+    def record_fields(self) -> dict[str, str]:
+        """The row's verl settings columns."""
+        return self.settings.record()
+
+    def space_limits(self, model: ModelSpec) -> SpaceLimits:
+        pf = self.preflight()
+        if pf is None or not pf.pinned:
+            return SpaceLimits()
+        return SpaceLimits(pinned=pf.pinned, why="; ".join(pf.notes))
 
     @staticmethod
     def _make_launcher(
@@ -170,6 +215,7 @@ class VerlRunner(Runner):
         if self.train_file is not None and not self.train_file.is_file():
             raise UserError(f"--train-file {self.train_file} is not a file")
         self.launcher.check(cluster.num_gpus, cluster.num_nodes)
+        self.preflight()
 
     def command(self, spec: TrialSpec, data: Dataset) -> list[str]:
         """The exact command of the trial (recipes render the same overrides)."""
@@ -185,6 +231,7 @@ class VerlRunner(Runner):
             reward_fn=str(data.reward_fn) if data.reward_fn else "null",
             nnodes=cl.num_nodes,
             experiment=experiment_name(c, m, cl),
+            settings=self.settings,
         )
         return [*self.entrypoint, *verl_command.override_args(ov)]
 
@@ -212,6 +259,7 @@ class VerlRunner(Runner):
         data = self.dataset(spec)
         cmd = self.command(spec, data)
         env = {
+            **self.settings.environment(),
             verl_command.METRICS_ROOT_ENV: str(trial_dir),
             "HYDRA_FULL_ERROR": "1",
             "PYTHONUNBUFFERED": "1",
@@ -299,7 +347,14 @@ class VerlRunner(Runner):
         elif res.returncode is None:
             why = f"{self.launcher.name} launch did not run: {res.state or last_exception(log)}"
         else:
-            why = f"exit {res.returncode}: {last_exception(log) or 'no error in the log'}"
+            cause = root_exception(log)
+            rc = res.returncode
+            if cause:
+                why = f"{cause} (verl exited {rc})"
+            elif rc < 0:
+                why = f"verl was killed by signal {-rc} after step {reached}; no error in the log"
+            else:
+                why = f"verl exited {rc} after step {reached}; no error in the log"
         extra["failure"] = "error"
         return TrialResult(status=Status.FAILED, reason=why[:300], extra=extra, **common)
 

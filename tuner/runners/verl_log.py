@@ -276,6 +276,27 @@ def last_exception(text: str) -> str:
     return _short(tail[-1]) if tail else ""
 
 
+_MISSING_MODULE = re.compile(
+    r"(ModuleNotFoundError|ImportError): (No module named '([\w.]+)'.*|.*)"
+)
+_WRAPPERS = re.compile(
+    r"^(?:ray\.exceptions\.)?(?:RayTaskError|RayActorError|ActorDiedError|RaySystemError)"
+    r"|^(?:hydra\.errors\.)?InstantiationException|^SystemExit|^KeyboardInterrupt"
+)
+"""Exceptions that carry another one: the cause is the one they carry."""
+
+
+def root_exception(text: str) -> str:
+    """The first raised exception that is not a wrapper of another (Ray re-raises a worker's
+    error in the driver, often more than once); the last exception line when all are."""
+    lines = [_short(ln) for ln in strip_ansi(text).splitlines()]
+    found = [s for s in lines if _EXC_LINE.match(s) and not s.startswith("Set the environment")]
+    for s in found:
+        if not _WRAPPERS.match(s):
+            return s
+    return found[-1] if found else ""
+
+
 def classify(text: str) -> Failure | None:
     """What went wrong, from a run's log; None when the log shows no known failure.
 
@@ -286,6 +307,18 @@ def classify(text: str) -> Failure | None:
     if i is not None:
         detail = _config_detail(lines, i)
         return Failure(status=Status.FAILED, kind="config-error", reason=f"config error: {detail}")
+    i = _first(lines, _MISSING_MODULE)
+    if i is not None:
+        m = re.search(r"No module named '([\w.]+)'", lines[i])
+        name = m.group(1) if m else "?"
+        phase = _phase(_block_before(lines, i)) or "start-up"
+        return Failure(
+            status=Status.FAILED,
+            kind="missing-module",
+            phase=phase,
+            reason=f"verl could not import {name} in {phase} ({_short(lines[i], 120)}): "
+            "install it where the trials run",
+        )
     i = _first(lines, _CUDA_OOM)
     if i is not None:
         phase = _phase(_block_before(lines, i)) or "unknown phase"

@@ -48,6 +48,7 @@ from tuner.study.warmstart import WARM_START_ATTR, enqueue_warm_start, warm_star
 MAX_CONSECUTIVE_UNFIT = 200
 """Candidates in a row predicted not to fit after which the study gives up (its space does not
 fit the GPUs); they do not count against --trials."""
+from tuner.verl_settings import VerlSettings
 VIEW_EVERY_PRUNED = 25
 """The CSV is rebuilt after every launched trial, and after this many pruned ones (their
 records are in the storage at once; the CSV catches up, at the latest when the study ends)."""
@@ -334,7 +335,12 @@ def write_best_recipes(req: TuneRequest, s: _Study) -> list[Path]:
     for row in _ok_rows(s)[: req.recipes]:
         c = Candidate.from_record(row, req.cluster.num_gpus)
         recipe = recipes.render(
-            c, req.model, req.cluster, req.workload, origin=recipes.origin_of(req.csv_path, row)
+            c,
+            req.model,
+            req.cluster,
+            req.workload,
+            origin=recipes.origin_of(req.csv_path, row),
+            settings=VerlSettings.from_record(row),
         )
         path = recipes.write(
             recipe, req.recipes_dir / recipes._slug(req.model.name), suffix=f"t{row['trial']}"

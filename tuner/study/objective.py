@@ -176,6 +176,7 @@ def base_record(req: TuneRequest, storage: str, number: int, **kw: Any) -> dict[
         n=w.n,
         storage=storage,
         worker=WORKER,
+        **req.runner.record_fields(),
         **kw,
     )
 
