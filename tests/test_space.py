@@ -21,6 +21,7 @@ from tuner.space import (
     knob_overrides,
     params_for,
     sample,
+    token_budget,
     validate,
 )
 from tuner.workload import PRESETS, Workload
@@ -316,16 +317,6 @@ RULE_CASES: dict[str, tuple[str, int, dict[str, Any]]] = {
     ),
     "dense_no_ep": ("qwen2.5-7b", 8, dict(layout=ParallelLayout(world=8, ep=2))),
     "ep_experts": ("qwen3-30b-moe", 24, dict(layout=ParallelLayout(world=24, ep=3))),
-    "cp_seq": (
-        "qwen2.5-7b",
-        8,
-        dict(
-            layout=ParallelLayout(world=8, cp=8),
-            _workload=Workload(prompt_len=2040, response_len=8192),
-            ppo_max_token_len_per_gpu=20480,
-            log_prob_max_token_len_per_gpu=20480,
-        ),
-    ),
     "mini_batch_dp": ("qwen2.5-7b", 24, dict()),
     "sp_needs_tp": ("qwen2.5-7b", 8, dict(sequence_parallel=True)),
     "moe_tp_needs_sp": ("qwen3-30b-moe", 16, dict(layout=ParallelLayout(world=16, tp=2, ep=8))),
@@ -405,3 +396,46 @@ def test_old_csv_with_grad_offload_still_reads() -> None:
     c = Candidate.from_record(rec, 8)
     assert c == Candidate(layout=ParallelLayout(world=8, tp=2))
     assert not hasattr(c, "grad_offload")
+
+
+def test_context_parallel_takes_any_sequence_length() -> None:
+    """verl pads each packed sequence to a multiple of tp*cp*2 itself (verl/models/mcore/
+    util.py preprocess_packed_seqs), so cp8 runs prompt + response = 10232 tokens."""
+    w = Workload(prompt_len=2040, response_len=8192)
+    assert w.max_seq_len % 16
+    assert not _broken(
+        "qwen2.5-7b",
+        8,
+        layout=ParallelLayout(world=8, cp=8),
+        _workload=w,
+        ppo_max_token_len_per_gpu=20480,
+        log_prob_max_token_len_per_gpu=20480,
+    )
+    sp = SearchSpace(
+        model=_space("qwen2.5-7b", 8).model, cluster=_space("qwen2.5-7b", 8).cluster, workload=w
+    )
+    assert any(lay.cp == 8 for lay in sp.layouts.values())
+
+
+def test_token_budgets_follow_context_parallel() -> None:
+    """Issue 19: the budgets offered are whole samples per micro-batch of a CP group
+    (factor * max_seq / cp), so cp8 offers 8k for 64k sequences instead of 64k and more."""
+    w = Workload(prompt_len=1024, response_len=64512)
+    space = SearchSpace(
+        model=REGISTRY["qwen2.5-7b"], cluster=Cluster(gpu=get_gpu("h100"), num_gpus=8), workload=w
+    )
+    seen: dict[int, set[int]] = {}
+    for seed in range(400):
+        c = sample(RandomSuggester(random.Random(seed)), space)
+        if c.use_dynamic_bsz:
+            seen.setdefault(c.layout.cp, set()).add(c.ppo_max_token_len_per_gpu)
+            seen.setdefault(-c.layout.cp, set()).add(c.log_prob_max_token_len_per_gpu)
+            assert sample(_Replay(params_for(c, space)), space) == c
+    assert min(seen[8]) == 65536 // 8
+    assert min(seen[1]) == 65536
+    assert all(b % 8192 == 0 and b <= 10 * 8192 for b in seen[-8])
+    cp8 = next(lay for lay in space.layouts.values() if lay.cp == 8)
+    for k in KNOBS:
+        if k.name.endswith("max_token_len_per_gpu"):
+            assert k.decode(1.0, space, {"layout": cp8}) == 8192
+    assert token_budget(1.5, 65536, 8) == 12288

@@ -30,7 +30,7 @@ from tuner.space.candidate import (
     Candidate,
 )
 from tuner.space.layout import ParallelLayout
-from tuner.space.rules import RULES, Rule
+from tuner.space.rules import RULES, Rule, budget_factor, token_budget
 
 if TYPE_CHECKING:
     from tuner.space.sampling import SearchSpace
@@ -42,9 +42,10 @@ ROLLOUT = "actor_rollout_ref.rollout"
 TF_CONFIG = "megatron.override_transformer_config"
 
 TOKEN_BUDGET_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0)
-"""ppo_max_token_len_per_gpu as multiples of one full sample (references use 1x to 3x)."""
+"""ppo_max_token_len_per_gpu as multiples of one full sample per micro-batch of a CP group
+(rules.token_budget: factor * (prompt + response) / cp; references use 1x to 3x)."""
 LOG_PROB_BUDGET_FACTORS = (1.0, 2.0, 3.0, 4.0, 6.0, 10.0)
-"""log_prob_max_token_len_per_gpu as multiples of one full sample (references: 1x to 10x)."""
+"""log_prob_max_token_len_per_gpu the same way (references: 1x to 10x)."""
 GPU_MEMORY_UTILIZATIONS = (0.4, 0.5, 0.6, 0.7, 0.8)
 BATCHED_TOKEN_FACTORS = (1, 2)
 MAX_MICRO_BATCH_LOG2 = 3
@@ -185,10 +186,14 @@ def _grouped_gemm_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
 
 
 def _budget(factors: Sequence[float]) -> dict[str, Any]:
+    """Budgets in whole samples per micro-batch of the drawn layout's CP group, so context
+    parallel can fit a sequence no single GPU holds (rules.token_budget)."""
     return dict(
         choices=lambda s, d: list(factors) if d["use_dynamic_bsz"] else None,
-        decode=lambda f, s, d: round_up(float(f) * s.workload.max_seq_len, 1024),
-        encode=lambda v, s, d: _nearest(v / s.workload.max_seq_len, factors),
+        decode=lambda f, s, d: token_budget(float(f), s.workload.max_seq_len, d["layout"].cp),
+        encode=lambda v, s, d: _nearest(
+            budget_factor(v, s.workload.max_seq_len, d["layout"].cp), factors
+        ),
     )
 
 

@@ -38,6 +38,19 @@ def min_token_budget(max_seq_len: int, cp: int) -> int:
     return math.ceil(max_seq_len / cp)
 
 
+def token_budget(factor: float, max_seq_len: int, cp: int) -> int:
+    """The `*_max_token_len_per_gpu` of `factor` whole samples per micro-batch of a CP group:
+    factor * (prompt + response) / cp, rounded up to 1024. verl multiplies the budget by cp
+    (each CP rank holds 1/cp of every sequence), so factor 1 is the smallest budget that takes
+    one sample (min_token_budget), and a long sequence fits where cp divides it."""
+    return int(math.ceil(factor * max_seq_len / cp / 1024) * 1024)
+
+
+def budget_factor(budget: int, max_seq_len: int, cp: int) -> float:
+    """Inverse of token_budget: whole samples per micro-batch of a CP group."""
+    return budget * cp / max_seq_len
+
+
 def token_budget_problem(name: str, budget: int, cp: int, max_seq_len: int) -> str | None:
     """The sentence when a dynamic-batching budget times cp is below one sample; else None."""
     if budget * cp >= max_seq_len:
@@ -100,14 +113,8 @@ def _lay_rules(
         )
     if m.is_moe and m.num_experts % lay.ep:
         r.append(("ep_experts", f"ep({lay.ep}) does not divide the {m.num_experts} experts"))
-    if lay.cp > 1 and w.max_seq_len % (2 * lay.cp):
-        r.append(
-            (
-                "cp_seq",
-                f"cp({lay.cp}) needs sequences divisible by 2*cp = {2 * lay.cp}; "
-                f"prompt + response is {w.max_seq_len}",
-            )
-        )
+    # no rule on the sequence length under cp: verl 0.9.1 pads each packed sequence to a
+    # multiple of tp*cp*2 itself (verl/models/mcore/util.py preprocess_packed_seqs, align_size)
     if (w.mini_batch_size * w.n) % lay.dp:
         r.append(
             (
@@ -127,7 +134,6 @@ LAYOUT_RULE_NAMES = (
     "pipeline_split",
     "dense_no_ep",
     "ep_experts",
-    "cp_seq",
     "mini_batch_dp",
 )
 

@@ -13,7 +13,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tuner.space import Candidate, ParallelLayout, SearchSpace, params_for, round_up, validate
+from tuner.space import (
+    Candidate,
+    ParallelLayout,
+    SearchSpace,
+    params_for,
+    round_up,
+    token_budget,
+    validate,
+)
 
 HAND_GRID_ORIGIN = "hand grid"
 HAND_RECOMPUTE = ("none", "full")
@@ -54,7 +62,7 @@ def hand_grid(space: SearchSpace, layouts: int = HAND_LAYOUTS) -> list[tuple[Can
     for lay in plain_layouts(space, layouts):
         for gran in HAND_RECOMPUTE:
             for f in HAND_BUDGET_FACTORS:
-                budget = round_up(f * seq / lay.cp, 1024)
+                budget = token_budget(f, seq, lay.cp)
                 c = Candidate(
                     layout=lay,
                     sequence_parallel=False,
