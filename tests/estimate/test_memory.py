@@ -346,3 +346,23 @@ def test_dense_tp2_without_recompute_is_measured_within_three_percent() -> None:
     assert m.update_peak_gib == pytest.approx(float(row["peak_mem_gib"]), rel=0.03)
     device = m.update_device_gib - m.reference_gib
     assert device == pytest.approx(float(row["peak_mem_device_gib"]), rel=0.04)
+
+
+def test_the_kv_cache_grows_when_rollout_dp_shards_the_experts() -> None:
+    """vLLM shards a MoE's experts over the replica's tp * dp GPUs (EP or not), so rollout dp4
+    leaves more room for KV cache than dp1 at the same tp; EP moves whole experts, same bytes."""
+    from tuner.estimate.context import get_context
+    from tuner.estimate.memory import kv_cache_bytes
+
+    moe = get_model("qwen3-30b-moe")
+    ctx = get_context(moe, Cluster(gpu=GPUS["h100"], num_gpus=32), DAPO, P)
+    lay = ParallelLayout(world=32, ep=8)
+    kv = {
+        (dp, ep): kv_cache_bytes(
+            ctx, Candidate(layout=lay, rollout_tp=2, rollout_dp=dp, rollout_ep=ep)
+        )
+        for dp, ep in ((1, 1), (4, 1), (4, 8))
+    }
+    experts = ctx.expert_params_total * 2  # bf16
+    assert kv[(4, 1)] - kv[(1, 1)] == pytest.approx(experts / 2 - experts / 8)
+    assert kv[(4, 8)] == kv[(4, 1)]

@@ -406,9 +406,28 @@ def _stored_and_working(
 # --------------------------------------------------------------------------------------------
 
 
-def rollout_weight_bytes(ctx: Context, rollout_tp: int) -> float:
-    """vLLM's weights per GPU (TP-sharded; MoE experts too)."""
-    return ctx.total_params * BF16 / rollout_tp
+def rollout_params_per_gpu(
+    ctx: Context, rollout_tp: int, rollout_dp: int = 1, params: float | None = None
+) -> tuple[float, float]:
+    """(dense, expert) parameters of `params` (default: the whole model) one vLLM GPU holds.
+
+    Dense weights split over the rollout TP, K/V projections no further than one kv head per
+    rank (vLLM replicates kv heads when rollout TP exceeds them). A MoE's experts split over the
+    replica's tp * dp GPUs, expert-parallel (whole experts, `expert_parallel_size` = tp * dp,
+    verl's rule) or tensor-parallel across them: the same bytes either way (vLLM's
+    FusedMoEParallelConfig.make shards the experts over `flatten_tp_across_dp`, tp * dp ranks,
+    with or without EP; read in vLLM's main-line source, assumed unchanged in 0.24.0)."""
+    total = ctx.total_params if params is None else params
+    kv_params = ctx.layers * 2 * ctx.hidden * ctx.kv_dim
+    kv_share = max(1.0 / rollout_tp, 1.0 / max(1, ctx.kv_heads))
+    dense = (total - ctx.expert_params_total - kv_params) / rollout_tp + kv_params * kv_share
+    return dense, ctx.expert_params_total / (rollout_tp * max(1, rollout_dp))
+
+
+def rollout_weight_bytes(ctx: Context, rollout_tp: int, rollout_dp: int = 1) -> float:
+    """vLLM's weights per GPU (rollout_params_per_gpu, bf16)."""
+    dense, expert = rollout_params_per_gpu(ctx, rollout_tp, rollout_dp)
+    return (dense + expert) * BF16
 
 
 def rollout_activation_bytes(
@@ -432,7 +451,7 @@ def kv_cache_bytes(ctx: Context, c: Candidate) -> float:
     mnbt = c.max_num_batched_tokens or ctx.max_seq
     budget = c.gpu_memory_utilization * ctx.mem_bytes
     used = (
-        rollout_weight_bytes(ctx, c.rollout_tp)
+        rollout_weight_bytes(ctx, c.rollout_tp, c.rollout_dp)
         + rollout_activation_bytes(ctx, c.rollout_tp, mnbt, c.max_num_seqs)
         + VLLM_RUNTIME_GIB * GIB
     )

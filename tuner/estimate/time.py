@@ -25,7 +25,7 @@ from tuner.estimate.context import (
     get_context,
 )
 from tuner.estimate.logits import DEFAULT_VERL, LOGIT_TRAFFIC_BYTES
-from tuner.estimate.memory import kv_cache_bytes, params_local
+from tuner.estimate.memory import kv_cache_bytes, params_local, rollout_params_per_gpu
 from tuner.estimate.profile import Profile
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
@@ -408,16 +408,14 @@ def _decode_step_s(
     sequences' KV cache. Piecewise graphs leave attention to eager launches."""
     p = ctx.profile
     rows = max(rows, batch)
-    kv_params = ctx.layers * 2 * ctx.hidden * ctx.kv_dim
-    # vLLM replicates kv heads when rtp exceeds them: K/V weights and cache stop shrinking
-    kv_share = max(1.0 / rtp, 1.0 / ctx.kv_heads)
     # an untied input embedding is looked up row by row, never streamed (only the output
-    # layer's table is read whole); a tied table is counted once, as the output layer
+    # layer's table is read whole); a tied table is counted once, as the output layer. What one
+    # GPU holds of the rest: memory.rollout_params_per_gpu (kv heads replicated above rtp, MoE
+    # experts over the replica's tp * dp GPUs)
     streamed = ctx.total_params - (ctx.embed_params if ctx.head_params else 0.0)
-    dense_w = ((streamed - ctx.expert_params_total - kv_params) / rtp) * BF16
-    dense_w += kv_params * kv_share * BF16
-    group = rtp * rdp  # MoE layers shard the experts over the replica's tp * dp GPUs
-    expert_w = ctx.expert_params_total * BF16 / group
+    dense_p, expert_p = rollout_params_per_gpu(ctx, rtp, rdp, streamed)
+    dense_w, expert_w = dense_p * BF16, expert_p * BF16
+    group = rtp * rdp
     if ctx.is_moe:
         touched = 1.0 - (1.0 - ctx.topk / ctx.experts) ** max(batch * rdp, 1.0)
         expert_w *= touched

@@ -1,6 +1,7 @@
-"""The study loop: open the storage, reclaim what a killed worker left, enqueue the warm start
+"""The study loop: open the storage, reclaim what a dead worker left, enqueue the warm start
 once, then ask → propose → evaluate → store the record → tell → rebuild the CSV view, until
-the study holds --trials counted trials (all workers together)."""
+the study holds --trials counted trials (all workers together), beating Optuna's heartbeat for
+the running trial."""
 
 from __future__ import annotations
 
@@ -30,9 +31,12 @@ from tuner.study.objective import (
 )
 from tuner.study.request import Progress, StudySummary, TuneRequest
 from tuner.study.storage import (
+    HEARTBEAT_S,
     NOT_COUNTED,
     RECORD_ATTR,
     WORKER,
+    Heartbeat,
+    enqueue_rerun,
     open_storage,
     reclaim_interrupted,
     record_of,
@@ -63,8 +67,12 @@ _COUNTED_OFF = frozenset(s.value for s in NOT_COUNTED)
 
 
 def _counts(t: optuna.trial.FrozenTrial) -> bool:
-    """Whether a finished trial counts against --trials."""
-    return t.state in _FINISHED and str(t.user_attrs.get("status", "")) not in _COUNTED_OFF
+    """Whether a finished trial counts against --trials: a FAIL trial with no record was
+    interrupted (its worker died; `reclaim_interrupted`) and does not."""
+    status = t.user_attrs.get("status")
+    if status is None and t.state is optuna.trial.TrialState.FAIL:
+        return RECORD_ATTR in t.user_attrs
+    return t.state in _FINISHED and str(status or "") not in _COUNTED_OFF
 
 
 class _Study:
@@ -74,7 +82,7 @@ class _Study:
         self.req, self.space = req, space
         self.url = req.storage_url
         self.label = storage_label(self.url)
-        storage = open_storage(self.url)
+        self.storage = storage = open_storage(self.url, on_stale=enqueue_rerun)
         sampler = optuna.samplers.TPESampler(
             seed=req.seed, multivariate=True, group=True, n_startup_trials=10, constant_liar=True
         )
@@ -129,11 +137,7 @@ class _Study:
         """Reclaim trials of killed workers; enqueue the warm start once per study."""
         req = self.req
         with self.lock() as locked_:
-            reclaim_interrupted(
-                self.study,
-                lambda t: interrupted_record(req, self.label, self.space, t),
-                locked_,
-            )
+            reclaim_interrupted(self.study, locked_)
             if (
                 (req.warm_start or req.hand_grid)
                 and not self.study.user_attrs.get(WARM_START_ATTR)
@@ -147,11 +151,14 @@ class _Study:
                 enqueue_warm_start(self.study, params)
 
     def trials(self) -> list[optuna.trial.FrozenTrial]:
-        """The study's trials; new finished records are parsed and learned from."""
+        """The study's trials; new finished records are parsed and learned from. A FAIL
+        trial with no record (nor a legacy row) was interrupted: its record is made here."""
         ts = self.study.get_trials(deepcopy=False)
         for t in ts:
             if t.state in _FINISHED and t.number not in self.records:
                 rec = record_of(t) or self.legacy.get(t.number)
+                if rec is None and t.state is optuna.trial.TrialState.FAIL:
+                    rec = interrupted_record(self.req, self.label, self.space, t)
                 if rec is not None:
                     self.records[t.number] = rec
                     self.learner.observe(rec)
@@ -172,6 +179,8 @@ class _Study:
                 recs.append(d)
             elif t.number in self.legacy:
                 recs.append({**self.legacy[t.number].to_dict(), "storage": self.label})
+            elif t.number in self.records:  # interrupted
+                recs.append(self.records[t.number].to_dict())
         got = self.study.user_attrs.get(RECIPES_ATTR)
         write_leaderboard(
             self.req.csv_path, recs, got if isinstance(got, dict) else None, self.lines
@@ -213,6 +222,8 @@ def run_study(
         req.runner.check_available(req.cluster)
         optuna.logging.set_verbosity(logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        # the loop asks and tells itself and beats the heartbeat (storage.Heartbeat)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
         return _run(req, space, on_progress)
     finally:
         close = getattr(req.runner, "close", None)
@@ -225,22 +236,37 @@ def _run(
 ) -> StudySummary:
     s = _Study(req, space)
     s.start()
+    with Heartbeat(s.storage, req.name) as beat:
+        return _loop(req, s, beat, on_progress)
+
+
+def _loop(
+    req: TuneRequest,
+    s: _Study,
+    beat: Heartbeat,
+    on_progress: Callable[[Progress], None] | None,
+) -> StudySummary:
     ts = s.trials()
     s.write_view(ts)
     resumed_from = done = s.counted(ts)
     notes = list(s.notes)
     deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
     ran = pruned = unfit_in_a_row = 0
+    reclaim_at = time.monotonic() + HEARTBEAT_S
     while deadline is None or time.monotonic() < deadline:
         with s.lock() as locked_:
+            if time.monotonic() >= reclaim_at:  # workers that died while this one ran
+                reclaim_interrupted(s.study, locked_)
+                reclaim_at = time.monotonic() + HEARTBEAT_S
             ts = s.trials()
             done = s.counted(ts)
             if done + len(running_elsewhere(s.study, locked_)) >= req.trials:
                 break
             trial = s.study.ask()
             trial.set_user_attr("worker", WORKER)
+            beat.start(trial)
         started, t0 = now(), time.monotonic()
-        c = sample(trial, space)
+        c = sample(trial, s.space)
         prop = propose(req, c, s.learner)
         same = s.repeat_of(trial.params, trial.number)
         res = evaluate(req, trial, prop, same, should_stop_for(trial))
@@ -254,12 +280,13 @@ def _run(
             started_at=started,
             duration_s=time.monotonic() - t0,
         )
-        store_record(s.study, trial._trial_id, rec)
+        store_record(trial, rec)
         state = state_for(res.status)
         value = res.value if state is optuna.trial.TrialState.COMPLETE else None
         if state is optuna.trial.TrialState.COMPLETE and value is None:
             state = optuna.trial.TrialState.FAIL
         s.study.tell(trial, value, state=state)
+        beat.stop()
         ts = s.trials()
         if res.status in NOT_COUNTED:
             pruned += 1

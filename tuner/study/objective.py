@@ -253,7 +253,8 @@ def build_record(
 def interrupted_record(
     req: TuneRequest, storage: str, space: SearchSpace, t: optuna.trial.FrozenTrial
 ) -> TrialRecord:
-    """The record of a trial whose worker was killed before it stored one."""
+    """The record of a trial whose worker died before it stored one (a FAIL trial with no
+    record); made the same each time from the trial."""
     cand: dict[str, Any] = {}
     with contextlib.suppress(Exception):  # params of an older space may not sample any more
         cand = candidate_fields(sample(optuna.trial.FixedTrial(t.params), space))
@@ -264,12 +265,14 @@ def interrupted_record(
         **base,
         **cand,
         status=Status.INTERRUPTED,
-        reason=f"its worker {worker or '(unknown)'} was killed mid-trial; not counted",
+        reason=f"its worker {worker or '(unknown)'} died mid-trial; not counted",
         source="tuner",
         backend=BACKENDS.get(req.runner.name, req.runner.name),
         origin=str(t.user_attrs.get("origin", "")),
         started_at=t.datetime_start.astimezone(dt.UTC).isoformat(timespec="seconds")
         if t.datetime_start
         else "",
-        finished_at=now(),
+        finished_at=t.datetime_complete.astimezone(dt.UTC).isoformat(timespec="seconds")
+        if t.datetime_complete
+        else "",
     )

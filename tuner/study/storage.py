@@ -1,5 +1,6 @@
 """The Optuna storage: opening it (refusing files that are not storages), naming it, locking it,
-and the trial records it keeps (the source of truth; the CSV is a view of them)."""
+the trial records it keeps (the source of truth; the CSV is a view of them), and the trials of
+dead workers (reclaimed on this host at once, on any host by Optuna's heartbeat)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Iterator
+import threading
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import optuna
 
@@ -23,6 +25,16 @@ RECORD_ATTR = "record"
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """This process, as the `worker` user attr of the trials it runs."""
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+HEARTBEAT_S = 10
+"""A running trial's worker records Optuna's heartbeat this often (RDB storages: SQLite,
+PostgreSQL, MySQL)."""
+GRACE_S = 60
+"""A RUNNING trial whose heartbeat is older than this is failed by any worker of the study
+(Optuna's `fail_stale_trials`) and its candidate re-run once: a worker that died on another
+host, or one whose process this host can no longer tell apart (a reused pid)."""
+JOURNAL_LOCK_GRACE_S = 5
+"""A journal file's append lock (Optuna's `JournalFileOpenLock`, held for one write) that has
+not changed for this long was left by a killed worker and is broken."""
 
 
 def _file_of(url: str) -> tuple[Path | None, bool]:
@@ -74,32 +86,100 @@ def _check_file(path: Path, journal: bool) -> None:
             f"storage {path} cannot be opened as an Optuna storage (not an SQLite database): "
             "move the file aside or pass --storage with another path"
         )
+    else:
+        tables = sqlite_tables(path)
+        if tables and not OPTUNA_TABLES <= tables:
+            shown = ", ".join(sorted(tables)[:4]) + (", ..." if len(tables) > 4 else "")
+            raise UserError(
+                f"storage {path} is another application's SQLite database (tables {shown}), "
+                "not an Optuna storage; Optuna would add its tables to it: pass --storage with "
+                "a new file"
+            )
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
+OPTUNA_TABLES = frozenset({"studies", "trials", "version_info"})
+"""Tables every Optuna RDB storage has: an SQLite file with tables but not these is another
+application's."""
+
+
+def sqlite_tables(path: Path) -> set[str]:
+    """The table names of the SQLite file `path`, read without writing to it or beside it
+    (`immutable`: no lock, no -wal/-shm file); empty if it cannot be read so (a file Optuna
+    then reports on, or whose tables sit in a write-ahead log not yet checkpointed)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    uri = f"file:{quote(str(path.absolute()))}?mode=ro&immutable=1"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    except sqlite3.Error:
+        return set()
+    return {str(r[0]) for r in rows}
+
+
+StaleCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
+
+
+def open_storage(url: str, on_stale: StaleCallback | None = None) -> optuna.storages.BaseStorage:
     """An Optuna storage from a URL (sqlite://, postgresql://, mysql://) or a file path
     (`*.log`/`*.jsonl`/`*.journal`: a journal file for several workers; anything else: SQLite).
-    An existing file of the wrong kind is refused, unchanged."""
+    An existing file of the wrong kind is refused, unchanged.
+
+    With `on_stale`, an RDB storage has Optuna's heartbeat on (`HEARTBEAT_S`, `GRACE_S`) and
+    calls `on_stale(study, trial)` for each trial `fail_stale_trials` fails (a study's
+    workers; readers pass none). Optuna's journal storage has no heartbeat."""
     path, journal = _file_of(url)
     if path is not None:
         _check_file(path, journal)
         path.parent.mkdir(parents=True, exist_ok=True)
     if journal and path is not None:
-        from optuna.storages.journal import JournalFileBackend
-
-        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        return _journal(path)
     if "://" not in url:
         url = f"sqlite:///{path}"
     if url.startswith("sqlite:///"):
         _sqlite_wal()
     try:
-        return optuna.storages.RDBStorage(url, skip_compatibility_check=False)
+        # workers starting together on a new SQLite file: one creates the tables, the others
+        # wait for it (unserialized, the others died with "table studies already exists")
+        serial = locked(path) if path is not None else contextlib.nullcontext()
+        with serial, warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                url,
+                skip_compatibility_check=False,
+                heartbeat_interval=HEARTBEAT_S if on_stale else None,
+                grace_period=GRACE_S if on_stale else None,
+                heartbeat_stale_trial_callback=on_stale,
+            )
     except Exception as e:  # sqlalchemy raises many types for a bad file or URL
-        first = str(e).splitlines()[0][:160]
+        text = " ".join(str(e).split())
+        if "compatible with the table schema" in text:  # Optuna's whole sentence says what to do
+            raise UserError(f"storage {url}: {text}") from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]  # not the SQL below it
         raise UserError(
             f"storage {url} cannot be opened as an Optuna storage ({first}): "
             "move the file aside or pass --storage with another path"
         ) from None
+
+
+def _journal(path: Path) -> optuna.storages.BaseStorage:
+    """A journal file storage whose append lock a killed worker cannot leave for long.
+
+    Optuna's default lock is a symbolic link to the journal's path as given: for a relative
+    path (`--storage results/x.log`) the link dangles, and a link left by a kill -9 was never
+    broken (the waiter spun for good); with an absolute path it was broken after 30 s. The
+    lock here is a file named by the absolute path, broken after `JOURNAL_LOCK_GRACE_S`; a
+    dangling link left by the old lock is removed (no live worker can hold one)."""
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    full = str(path.resolve())
+    lock = Path(full + ".lock")
+    if lock.is_symlink() and not lock.exists():
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+    backend = JournalFileBackend(full, JournalFileOpenLock(full, JOURNAL_LOCK_GRACE_S))
+    return optuna.storages.JournalStorage(backend)
 
 
 def _sqlite_on_connect(dbapi_conn: object, _record: object) -> None:
@@ -151,15 +231,14 @@ def record_of(t: optuna.trial.FrozenTrial) -> TrialRecord | None:
         return None
 
 
-def store_record(study: optuna.Study, trial_id: int, rec: TrialRecord) -> None:
+def store_record(trial: optuna.Trial, rec: TrialRecord) -> None:
     """Keep the whole record in the trial's user attrs, with the few attrs users filter on."""
     from tuner.study.view import LINE_KEY, line_entry
 
-    s = study._storage
     d = rec.to_dict()
-    s.set_trial_user_attr(trial_id, RECORD_ATTR, {**d, LINE_KEY: line_entry(d)})
+    trial.set_user_attr(RECORD_ATTR, {**d, LINE_KEY: line_entry(d)})
     for k in ("status", "reason", "train_parallel", "source"):
-        s.set_trial_user_attr(trial_id, k, str(getattr(rec, k)))
+        trial.set_user_attr(k, str(getattr(rec, k)))
 
 
 def state_for(status: Status) -> optuna.trial.TrialState:
@@ -176,16 +255,22 @@ NOT_COUNTED = frozenset({Status.PRUNED_INVALID, Status.PRUNED_OOM, Status.INTERR
 
 
 def alive(worker: str) -> bool:
+    """Whether the worker `host:pid` may still run: False only for a process of this host that
+    has exited (or is a zombie its parent has not reaped yet)."""
     host, _, pid = worker.rpartition(":")
     if host != socket.gethostname():
-        return True  # another host's worker: not ours to reclaim
+        return True  # another host's worker: its heartbeat tells
     try:
         os.kill(int(pid), 0)
     except (ProcessLookupError, ValueError):
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def running_elsewhere(study: optuna.Study, locked_: bool) -> list[optuna.trial.FrozenTrial]:
@@ -205,46 +290,97 @@ RERUN_ORIGIN = "re-run of interrupted trial "
 interrupted trial's number follows."""
 
 
-def enqueue_rerun(study: optuna.Study, t: optuna.trial.FrozenTrial) -> bool:
+def enqueue_rerun(study: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
     """Enqueue the params of the interrupted trial `t` once more, so its candidate is measured
     after all. Not `skip_if_exists`: Optuna would skip it, as params of an existing (failed)
     trial. Once: not if a re-run of `t` is already in the study, not for a trial that was
     itself a re-run (a candidate that kills its worker is not retried forever), not for a
-    trial killed before it sampled anything. Call under the study lock. True if enqueued."""
+    trial killed before it sampled anything, not for one that stored its record (it finished).
+    Call under the study lock; also the storage's heartbeat-stale callback
+    (`open_storage(on_stale=...)`)."""
     if not t.params or str(t.user_attrs.get("origin", "")).startswith(RERUN_ORIGIN):
-        return False
+        return
+    if RECORD_ATTR in t.user_attrs:
+        return
     origin = f"{RERUN_ORIGIN}{t.number}"
     if any(o.user_attrs.get("origin") == origin for o in study.get_trials(deepcopy=False)):
-        return False
+        return
     study.enqueue_trial(dict(t.params), user_attrs={"origin": origin})
-    return True
 
 
-def reclaim_interrupted(
-    study: optuna.Study, make_interrupted: Any, locked_: bool
-) -> list[TrialRecord]:
-    """Close the trials left RUNNING by a killed worker of this host: with the record it
-    stored, if it stored one (killed between record and tell), else as an INTERRUPTED record
-    (Optuna FAIL; it does not count against --trials) and its params enqueued once more
-    (`enqueue_rerun`). Under the study lock a RUNNING trial with no worker yet was asked by a
-    killed process too (ask and mark happen under the lock).
-    `make_interrupted(trial) -> TrialRecord` builds the record of the latter."""
-    out: list[TrialRecord] = []
+def reclaim_interrupted(study: optuna.Study, locked_: bool) -> None:
+    """Close the trials left RUNNING by dead workers.
+
+    This host's workers whose process is gone are closed at once: a trial that stored its
+    record (killed between record and tell) with the record's state, any other as FAIL with
+    no record, its params enqueued once more (`enqueue_rerun`). Under the study lock a
+    RUNNING trial with no worker yet was asked by a killed process too (ask and mark happen
+    under the lock). Then any host's: Optuna fails each trial whose heartbeat is older than
+    `GRACE_S` and the storage's callback enqueues its re-run. A FAIL trial with no record is
+    what an interrupted trial is; the study's view gives it its `interrupted` row."""
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         worker = str(t.user_attrs.get("worker", ""))
         if (worker and alive(worker)) or (not worker and not locked_):
             continue
         rec = record_of(t)
-        rerun = rec is None
-        if rec is None:
-            rec = make_interrupted(t)
-            store_record(study, t._trial_id, rec)
-        state = state_for(rec.status)
-        value = rec.tokens_per_s_per_gpu if state is optuna.trial.TrialState.COMPLETE else None
-        if state is optuna.trial.TrialState.COMPLETE and value is None:
+        state = optuna.trial.TrialState.FAIL if rec is None else state_for(rec.status)
+        value = rec.tokens_per_s_per_gpu if rec is not None else None
+        if state is not optuna.trial.TrialState.COMPLETE:
+            value = None
+        elif value is None:
             state = optuna.trial.TrialState.FAIL
         study.tell(t.number, value, state=state)
-        if rerun:
+        if rec is None:
             enqueue_rerun(study, t)
-        out.append(rec)
-    return out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+class Heartbeat:
+    """Optuna's heartbeat of this worker's running trial, recorded every `HEARTBEAT_S` by one
+    thread for the worker's life (`study.optimize` runs one per trial; the loop asks and tells
+    itself). Nothing where the storage has no heartbeat (journal files, readers)."""
+
+    def __init__(self, storage: optuna.storages.BaseStorage, study_name: str) -> None:
+        interval = getattr(storage, "get_heartbeat_interval", lambda: None)()
+        self._record: Callable[[int], None] | None = (
+            getattr(storage, "record_heartbeat", None) if interval else None
+        )
+        self._storage = storage
+        self._study_id = storage.get_study_id_from_name(study_name) if self._record else -1
+        self._interval = float(interval or HEARTBEAT_S)
+        self._trial: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Heartbeat:
+        if self._record is not None:
+            self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def start(self, trial: optuna.Trial) -> None:
+        """Beat for `trial` from now on (the first beat at once: a trial killed before the
+        thread's next beat is stale all the same)."""
+        if self._record is None:
+            return
+        tid = self._storage.get_trial_id_from_study_id_trial_number(self._study_id, trial.number)
+        self._record(tid)
+        self._trial = tid
+
+    def stop(self) -> None:
+        self._trial = None
+
+    def _beat(self) -> None:
+        assert self._record is not None
+        while not self._stop.wait(self._interval):
+            tid = self._trial
+            if tid is not None:
+                with contextlib.suppress(Exception):  # a failed beat: the next one may pass
+                    self._record(tid)
