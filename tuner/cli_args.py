@@ -31,8 +31,6 @@ study name, and the file system allows 255 bytes per name."""
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@,-]*")
 _INT_RE = re.compile(r"[+-]?[0-9]+")
 _FLOAT_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
-_LAYOUT_RE = re.compile(r"((vpp|etp|tp|pp|cp|ep|dp)[0-9]+)+|alldp|dp")
-_DEGREE_NAME_RE = re.compile(r"(vpp|etp|tp|pp|cp|ep|dp)[0-9]+")
 SEED_MAX = 2**32 - 1
 """numpy's (and so Optuna's samplers') largest seed."""
 
@@ -166,21 +164,16 @@ def model_arg(text: str) -> str:
 
 
 def layout_text(text: str) -> str:
-    """A parallel layout in the reference notation (`tp4pp2vpp2`, `ep8cp2`, `dp8`): ASCII,
-    not empty, each degree once. The degrees' fit to the GPU count is checked by
-    `ParallelLayout.parse` once the cluster is known."""
-    s = text.strip().lower().replace(" ", "")
-    if not s or not s.isascii() or not _LAYOUT_RE.fullmatch(s):
-        raise argparse.ArgumentTypeError(
-            f"cannot read layout {_shown(text)}: write ASCII degrees like tp4pp2vpp2, tp2cp2, "
-            "tp4ep8 or dp8"
-        )
-    names = [m.group(1) for m in _DEGREE_NAME_RE.finditer(s)]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise argparse.ArgumentTypeError(
-            f"layout {_shown(text)} gives {', '.join(twice)} more than once: write each degree once"
-        )
+    """A parallel layout in the reference notation (`tp4pp2vpp2`, `ep8cp2`, `dp8`,
+    `pp8first10last12`), read by the layout's own grammar (tuner.space.layout.read_degrees).
+    The degrees' fit to the GPU count is checked by `ParallelLayout.parse` once the cluster is
+    known."""
+    from tuner.space.layout import read_degrees
+
+    try:
+        read_degrees(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(f"{e} (see `tune estimate --help`)") from None
     return text
 
 

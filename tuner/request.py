@@ -127,7 +127,7 @@ def build_candidate(args: argparse.Namespace, setup: Setup) -> Candidate:
     broken rule if it is not valid for the setup."""
     from tuner.space import ParallelLayout, validate
 
-    lay = ParallelLayout.parse(args.layout, setup.cluster.num_gpus)
+    lay = ParallelLayout.parse(args.layout, setup.cluster.num_gpus, setup.model.num_layers)
     seq = setup.workload.max_seq_len
     fixed = args.micro_batch is not None
     offload: dict[str, Any] = {"param_offload": args.offload, "optimizer_offload": args.offload}

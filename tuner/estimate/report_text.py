@@ -25,7 +25,7 @@ def format_estimate(
     """The breakdown of one estimate: time per phase, throughput, memory per GPU, the verdict."""
     lay, mem = c.layout, e.memory
     lines = [
-        f"{model.name} on {cluster.num_gpus}x {cluster.gpu.name}, actor {lay.notation} (dp"
+        f"{model.name} on {cluster.num_gpus}x {cluster.gpu.name}, actor {lay.spec} (dp"
         f"{lay.dp}), rollout tp{c.rollout_tp}, {workload.algorithm} "
         f"{workload.batch_size}x{workload.n}, mean sample {workload.mean_seq_len:.0f} tokens "
         "(source=estimate)",

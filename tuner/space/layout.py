@@ -147,37 +147,26 @@ class ParallelLayout:
         return out
 
     @classmethod
-    def parse(cls, text: str, world: int) -> ParallelLayout:
+    def parse(cls, text: str, world: int, num_layers: int = 0) -> ParallelLayout:
         """Read `tp4pp2vpp2`, `ep8cp2tp2`, `Tp4pp1cp1`, `all dp`, `pp8first10last12`; missing
-        degrees are 1, a missing first/last means the even split.
+        degrees are 1, a missing first/last means the even split. With `num_layers` (the
+        model's), a pipeline whose pp·vpp does not divide the layers and whose first/last are
+        not written takes the most balanced uneven split megatron-core accepts
+        (`balanced_split`, as the search does): `tp4pp8ep32` of a 94-layer model is
+        `tp4pp8ep32last10`, seven stages of 12 layers and a last of 10.
 
         Without an explicit `etp`, expert tensor parallel is 1 (the references' MoE rows).
         """
-        s = text.strip().lower().replace(" ", "")
-        if not s or not s.isascii():
-            raise UserError(
-                f"cannot read layout {text!r}: write degrees in ASCII like tp4pp2vpp2, tp2cp2, "
-                "tp4ep8 or dp8"
-            )
-        if s in ("alldp", "dp"):
-            return cls(world=world)
-        found = _DEGREE_RE.findall(s)
-        if "".join(n + v for n, v in found) != s:
-            raise UserError(
-                f"cannot read layout {text!r}: write degrees like tp4pp2vpp2, tp2cp2, tp4ep8 or "
-                "pp8first10last12"
-            )
-        repeated = sorted({n for n, _ in found if [m for m, _ in found].count(n) > 1})
-        if repeated:
-            raise UserError(
-                f"layout {text!r} gives {', '.join(repeated)} more than once: "
-                "write each degree once"
-            )
-        deg = {n: int(v) for n, v in found}
+        deg = read_degrees(text)
         dp = deg.pop("dp", None)
         for short, long in (("first", "first_stage_layers"), ("last", "last_stage_layers")):
             if short in deg:
                 deg[long] = deg.pop(short)
+        pp, vpp = deg.get("pp", 1), deg.get("vpp", 1)
+        if num_layers and not ({"first_stage_layers", "last_stage_layers"} & set(deg)):
+            split = balanced_split(num_layers, pp, vpp)
+            if split is not None:
+                deg["first_stage_layers"], deg["last_stage_layers"] = split
         try:
             layout = cls(world=world, **deg)
         except ValueError as e:
@@ -187,11 +176,38 @@ class ParallelLayout:
         return layout
 
 
+LAYOUT_EXAMPLES = "tp4pp2vpp2, tp2cp2, tp4ep8, dp8 or pp8first10last12"
+"""What a layout looks like, for the messages of everything that reads one."""
+
+
+def read_degrees(text: str) -> dict[str, int]:
+    """The degrees a layout text writes, by name (`tp`, ..., `dp`, `first`, `last`): the one
+    grammar of a layout, for `ParallelLayout.parse` and the CLI's argument check (tuner.cli_args)
+    alike, so the CLI reads every layout the search writes (`ParallelLayout.spec`). `all dp` and
+    `dp` alone are {}. UserError when it is not ASCII degrees or names one twice."""
+    s = text.strip().lower().replace(" ", "")
+    shown = repr(text if len(text) <= 40 else text[:37] + "...")
+    if not s or not s.isascii():
+        raise UserError(f"cannot read layout {shown}: write ASCII degrees like {LAYOUT_EXAMPLES}")
+    if s in ("alldp", "dp"):
+        return {}
+    found = _DEGREE_RE.findall(s)
+    if "".join(n + v for n, v in found) != s:
+        raise UserError(f"cannot read layout {shown}: write degrees like {LAYOUT_EXAMPLES}")
+    names = [n for n, _ in found]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise UserError(
+            f"layout {shown} gives {', '.join(repeated)} more than once: write each degree once"
+        )
+    return {n: int(v) for n, v in found}
+
+
 def balanced_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int] | None:
     """(first, last) stage layers of the most balanced uneven split megatron-core accepts when
-    pp·vpp does not divide the layers (94 layers on pp8: middle stages of 12, first and last
-    of 11); None when the even split works or no uneven one exists. Ties go to lighter first and
-    last stages (they also hold the embedding and the output layer)."""
+    pp·vpp does not divide the layers (94 layers on pp8: seven stages of 12 and a last stage of
+    10, `last10`); None when the even split works or no uneven one exists. Ties go to lighter
+    first and last stages (they also hold the embedding and the output layer)."""
     if pp < 2 or num_layers % (pp * vpp) == 0:
         return None
     best: tuple[tuple[int, int, int], tuple[int, int]] | None = None
