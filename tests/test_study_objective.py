@@ -63,3 +63,45 @@ def test_the_warm_start_keeps_the_users_headroom(tmp_path: Path) -> None:
     kept = warm_start_params(space, req.profile, seed=0, pool=300, best=300, headroom_gib=0.5)
     default = warm_start_params(space, req.profile, seed=0, pool=300, best=300)
     assert len(kept) > len(default)
+
+
+def test_a_study_does_not_resume_across_another_workload(tmp_path: Path) -> None:
+    """Issue 19: the fingerprint left out the algorithm, the mean lengths and the clip fraction,
+    so a dapo study went on as grpo with another mean."""
+    import dataclasses
+
+    import optuna
+    import pytest
+
+    from tuner.errors import UserError
+    from tuner.study import run_study
+
+    base = dataclasses.replace(_request(tmp_path, None), trials=2, warm_start=False)
+    w = base.workload
+    run_study(base)
+    for other in (
+        dataclasses.replace(w, algorithm="grpo"),
+        dataclasses.replace(w, response_mean=2000),
+        dataclasses.replace(w, prompt_mean=500),
+        dataclasses.replace(w, response_clip_fraction=0.2),
+    ):
+        req = dataclasses.replace(base, workload=other, trials=3, study_name=base.name)
+        with pytest.raises(UserError, match="another model/cluster/workload"):
+            run_study(req)
+    # a study made before the fingerprint named the workload resumes when its rows ran this
+    # workload, and is refused when they did not
+    study = optuna.load_study(study_name=base.name, storage=base.storage_url)
+    new = study.user_attrs["space"]
+    legacy = new.split("|w=")[0] + "|" + new.rsplit("|", 1)[1]  # choices | runner
+    assert "w=" not in legacy
+    study.set_user_attr("space", legacy)
+    s = run_study(dataclasses.replace(base, trials=3))
+    assert s.trials_total == 3
+    assert any("made before its fingerprint named" in n for n in s.notes)
+    assert (
+        optuna.load_study(study_name=base.name, storage=base.storage_url).user_attrs["space"] == new
+    )
+    study.set_user_attr("space", legacy)
+    grpo = dataclasses.replace(w, algorithm="grpo")
+    with pytest.raises(UserError, match="another model/cluster/workload"):
+        run_study(dataclasses.replace(base, workload=grpo, trials=4, study_name=base.name))

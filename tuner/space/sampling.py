@@ -157,8 +157,13 @@ class SearchSpace:
         )
 
     def fingerprint(self, omit: Collection[str] = ()) -> str:
-        """Identifies the choices; a study refuses to resume under different choices. `omit`:
-        pinned parameters left out (see `added_since`)."""
+        """Identifies the choices and what they are scored on; a study refuses to resume under
+        different ones. `omit`: pinned parameters left out (see `added_since`). The workload's
+        algorithm, mean lengths and clip fraction close it (`workload_part`): they change every
+        prediction and the lengths a measuring runner draws."""
+        return f"{self._choices_part(omit)}|{self.workload_part()}"
+
+    def _choices_part(self, omit: Collection[str] = ()) -> str:
         w, c, m = self.workload, self.cluster, self.model
         limits = self.limits.summary_without(omit)
         return (
@@ -167,14 +172,37 @@ class SearchSpace:
             f"{w.mini_batch_size}|{len(self.layouts)}" + (f"|{limits}" if limits else "")
         )
 
+    def workload_part(self) -> str:
+        """`w=dapo/205/1229/0.03`: algorithm, mean prompt and response, clip fraction."""
+        w = self.workload
+        return (
+            f"{WORKLOAD_TAG}{w.algorithm}/{w.mean_prompt_len:g}/{w.mean_response_len:g}/"
+            f"{w.clip_fraction:g}"
+        )
+
     def added_since(self, old: str) -> list[str]:
         """The pinned knobs this space lists and a study's older fingerprint `old` does not,
         if they are all at the candidate's default (verl's) and account for the whole
         difference, else []: a study made before a knob existed resumes when the runner pins
         the new knob where verl's default, which the older study ran, put it."""
-        parts = old.split("|")
+        choices, _, wl = old.partition(f"|{WORKLOAD_TAG}")
+        parts = choices.split("|")
         added = self.limits.added_at_default(parts[6] if len(parts) > 6 else "")
-        return added if added and self.fingerprint(omit=added) == old else []
+        if not added or self._choices_part(omit=added) != choices:
+            return []
+        return added if not wl or f"{WORKLOAD_TAG}{wl}" == self.workload_part() else []
+
+    def predates_workload(self, old: str) -> bool:
+        """`old` is a fingerprint made before it named the workload part and matches this space
+        otherwise (directly or through `added_since`): the study's records must say whether it
+        ran this workload."""
+        if f"|{WORKLOAD_TAG}" in old:
+            return False
+        return old == self._choices_part() or bool(self.added_since(old))
+
+
+WORKLOAD_TAG = "w="
+"""Marks the workload part of a fingerprint."""
 
 
 _SPLITS: dict[tuple[int, int, int], tuple[int, int] | None] = {}

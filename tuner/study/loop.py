@@ -28,6 +28,7 @@ from tuner.study.objective import (
     interrupted_record,
     now,
     propose,
+    ran_workload,
 )
 from tuner.study.request import Progress, StudySummary, TuneRequest
 from tuner.study.storage import (
@@ -105,11 +106,17 @@ class _Study:
         fingerprint = f"{space.fingerprint()}{runner}"
         old = self.study.user_attrs.get("space")
         added: list[str] = []
+        predates = False
         if old is not None and old != fingerprint and old.endswith(runner):
             added = space.added_since(old.removesuffix(runner))
-            if added:
+            predates = space.predates_workload(old.removesuffix(runner)) and ran_workload(
+                [t.user_attrs[RECORD_ATTR] for t in self.study.get_trials(deepcopy=False)
+                 if isinstance(t.user_attrs.get(RECORD_ATTR), dict)],
+                req.workload,
+            )  # fmt: skip
+            if added and not predates:
                 fingerprint = old
-        if old is None:
+        if old is None or predates:
             self.study.set_user_attr("space", fingerprint)
         elif old != fingerprint:
             raise UserError(
@@ -117,6 +124,12 @@ class _Study:
                 f"({old}); pass --study NEW_NAME to start a new one"
             )
         self.legacy, self.notes = check_leaderboard(req.csv_path, req.name, self.label)
+        if predates:
+            self.notes.append(
+                f"study {req.name} was made before its fingerprint named the algorithm and mean "
+                "lengths; its rows ran this workload's, so it resumes (the clip fraction was "
+                "not recorded)"
+            )
         if added:
             self.notes.append(
                 f"study {req.name} was made before {', '.join(added)} existed; they stay pinned "

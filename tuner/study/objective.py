@@ -181,6 +181,22 @@ def base_record(req: TuneRequest, storage: str, number: int, **kw: Any) -> dict[
     )
 
 
+def ran_workload(records: list[dict[str, Any]], w: Any) -> bool:
+    """Whether stored records (`base_record`'s fields) all ran workload `w`'s algorithm and
+    mean lengths: what a study whose fingerprint predates them is checked on."""
+    for r in records:
+        if r.get("algorithm") not in (None, "", w.algorithm):
+            return False
+        for key, want in (
+            ("prompt_mean_len", w.mean_prompt_len),
+            ("response_mean_len", w.mean_response_len),
+        ):
+            got = _float(r.get(key))
+            if got is not None and not math.isclose(got, want, rel_tol=1e-6):
+                return False
+    return True
+
+
 def candidate_fields(c: Candidate) -> dict[str, Any]:
     """The record's layout fields and knobs of a candidate."""
     rec = c.to_record()
