@@ -121,7 +121,7 @@ def test_one_flops_formula() -> None:
         (
             '{"num_hidden_layers": "x", "hidden_size": 8, "num_attention_heads": 2, '
             '"vocab_size": 10}',
-            "non-numeric",
+            "not a whole number",
         ),
         (
             '{"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 3, '

@@ -19,6 +19,7 @@ from typing import Any
 
 from tuner.cli_args import (
     OneLineParser,
+    error_line,
     fraction,
     layout_text,
     model_arg,
@@ -285,8 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     exp = sub.add_parser("export", help="write a row as a runnable verl recipe script")
     exp.add_argument("csv", type=path_text, help="leaderboard CSV")
-    exp.add_argument("--rank", type=positive_int, default=1, help="rank among ok rows (default 1)")
-    exp.add_argument("--trial", type=non_negative_int, default=None, help="or a trial number")
+    exp.add_argument(
+        "--rank", type=positive_int, default=None, help="rank among ok rows (default 1)"
+    )
+    exp.add_argument(
+        "--trial", type=non_negative_int, default=None, help="or a trial number (not with --rank)"
+    )
     exp.add_argument(
         "--steps", type=positive_int, default=3, help="trainer.total_training_steps (default 3)"
     )
@@ -430,6 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
+        if sys.stdout is None:  # started with stdout closed (`tune ... >&-`)
+            raise UserError("stdout is closed: run tune with its output open, e.g. > tune.out")
         if args_list and not args_list[0].startswith("-"):
             if args_list[0] not in _subcommands(parser):
                 known = ", ".join(sorted(_subcommands(parser)))
@@ -448,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
         return code
     except UserError as e:
-        print(f"tune: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
+        print(f"tune: error: {error_line(e)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return _stdout_gone()
@@ -461,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from tuner.cli_args import storage_failure_line
     from tuner.request import build_request, build_setup, check_request_paths, verl_runner_options
     from tuner.runners import make_runner
     from tuner.study import Progress, run_study
@@ -504,13 +512,30 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         summary = run_study(req, progress)
+    except Exception as e:  # the storage failing mid-study (its disk full): one line
+        line = storage_failure_line(e, str(req.storage_url))
+        if line is None:
+            raise
+        raise UserError(line) from None
     finally:
         if bar is not None:
             bar.close()
-    for note in getattr(summary, "notes", ()) or ():
+    notes = list(getattr(summary, "notes", ()) or ())
+    if nothing_fits(summary):  # the README's promise: a GPU count no layout fits is exit 2
+        raise UserError(notes[-1] if notes else f"no candidate fits: see {summary.csv_path}")
+    for note in notes:
         print(f"tune: {note}", file=sys.stderr)
     print(summary_text(summary))
     return 0
+
+
+def nothing_fits(summary: Any) -> bool:
+    """The study could launch nothing: no trial in it at all, and this run gave up after
+    MAX_CONSECUTIVE_UNFIT candidates pruned before launch."""
+    from tuner.study.loop import MAX_CONSECUTIVE_UNFIT
+
+    pruned = int(getattr(summary, "pruned_before_launch", 0) or 0)
+    return summary.trials_total == 0 and not summary.best_rows and pruned >= MAX_CONSECUTIVE_UNFIT
 
 
 def summary_text(summary: Any) -> str:
@@ -572,7 +597,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(
         export_recipe(
             args.csv,
-            rank=args.rank,
+            rank=args.rank or 1,
             trial=args.trial,
             steps=args.steps,
             recipes_dir=args.recipes_dir,
@@ -617,6 +642,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     import json
 
+    from tuner.cli_args import finite_json
     from tuner.estimate import estimate, load_profile
     from tuner.estimate.report_text import format_estimate
     from tuner.request import build_candidate, build_setup
@@ -625,7 +651,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     c = build_candidate(args, s)
     e = estimate(c, s.model, s.cluster, s.workload, load_profile(args.profile))
     if args.json:
-        print(json.dumps(e.as_dict(), default=float))
+        print(json.dumps(finite_json(e.as_dict()), default=float, allow_nan=False))
     else:
         print(format_estimate(e, c, s.model, s.cluster, s.workload))
     return 0

@@ -18,11 +18,13 @@ import errno
 import math
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
 from tuner.errors import UserError
+from tuner.fileio import CSV_MAX_BYTES, JSON_MAX_BYTES, check_input_file, read_input
 
 MAX_NAME_CHARS = 100
 """Longest study name: it becomes file names (`<study>.csv`, `<study>/trials/`) and Optuna's
@@ -193,6 +195,18 @@ def path_text(text: str) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
+def _probe(path: Path, flag: str) -> os.stat_result | None:
+    """The metadata of `path` (links followed); None where nothing is there. A path the system
+    cannot follow (a symbolic link loop, a name too long) is a UserError, not a crash later."""
+    try:
+        return path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        what = "a symbolic link loop" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise UserError(f"{flag} {path}: {what}: pass another path") from None
+
+
 def _nearest_existing(path: Path) -> Path:
     p = path.absolute()
     while not p.exists() and p != p.parent:
@@ -202,7 +216,8 @@ def _nearest_existing(path: Path) -> Path:
 
 def check_writable_dir(path: Path, flag: str) -> None:
     """`path` is a folder, or can be created as one, and this user may write in it."""
-    if path.exists() and not path.is_dir():
+    st = _probe(path, flag)
+    if st is not None and not stat.S_ISDIR(st.st_mode):
         raise UserError(f"{flag} {path} is a file, not a folder: move it aside or pass another")
     base = _nearest_existing(path)
     if not base.is_dir():
@@ -216,22 +231,78 @@ def check_writable_dir(path: Path, flag: str) -> None:
 
 
 def check_writable_file(path: Path, flag: str) -> None:
-    """`path` is a file (or is not there yet) in a folder this user may write in."""
-    if path.is_dir():
+    """`path` is a regular file (or is not there yet) in a folder this user may write in; a
+    pipe or a device is refused (writing one would block, or replace it)."""
+    st = _probe(path, flag)
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise UserError(f"{flag} {path} is a folder: pass a file path")
-    if path.exists() and not os.access(path, os.W_OK):
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UserError(
+            f"{flag} {path} is not a regular file (a pipe or a device): pass a file path"
+        )
+    if st is not None and not os.access(path, os.W_OK):
         raise UserError(f"{flag} {path} is read-only: make it writable or pass another path")
     check_writable_dir(path.parent, flag)
 
 
-def check_readable_file(path: Path, flag: str) -> None:
-    """`path` is a file this user may read."""
-    if not path.exists():
-        raise UserError(f"{flag}: no file at {path}: check the path")
-    if path.is_dir():
-        raise UserError(f"{flag} {path} is a folder: pass a file in it")
-    if not os.access(path, os.R_OK):
-        raise UserError(f"{flag} {path} cannot be read: check its permissions")
+OUTPUT_KINDS: dict[str, tuple[str, tuple[bytes, ...]]] = {
+    ".html": ("an HTML report", (b"<!doctype html", b"<html")),
+    ".png": ("a PNG image", (b"\x89png\r\n\x1a\n",)),
+    ".svg": ("an SVG image", (b"<?xml", b"<svg")),
+    ".pdf": ("a PDF", (b"%pdf-",)),
+    ".json": ("a calibration profile", (b"{",)),
+}
+"""What each kind of file a command writes (and replaces) starts with, by its suffix."""
+
+
+def _what_is(head: bytes) -> str:
+    if head.startswith(b"SQLite format 3\x00"):
+        return "an SQLite database (an Optuna storage?)"
+    first = head.split(b"\n", 1)[0]
+    if b"schema_version" in first or (b"train_parallel" in first and b"update_actor" in first):
+        return "a leaderboard CSV"
+    return "a file of another kind"
+
+
+def check_output_file(
+    path: Path, flag: str, *, kind: str, inputs: Iterable[Path | str] = ()
+) -> None:
+    """A file a command writes (and replaces, if there) is writable, is none of the files the
+    command reads (`inputs`: its leaderboards, references, storage, profile), and where a file
+    is already there it is one of the `kind` the command writes (`OUTPUT_KINDS`), never an
+    Optuna storage, a leaderboard or another file `-o` would destroy."""
+    check_writable_file(path, flag)
+    for other in inputs:
+        if _same_file(path, Path(other)):
+            raise UserError(
+                f"{flag} {path} is a file this command reads: pass another path for the output"
+            )
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    name, starts = OUTPUT_KINDS[kind]
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return  # not readable: writing it fails later with its own line
+    if not head.lstrip().lower().startswith(starts):
+        raise UserError(
+            f"{flag} {path} is {_what_is(head)}, not {name}: pass another path (or move the "
+            "file aside)"
+        )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_readable_file(path: Path, flag: str, max_bytes: int = CSV_MAX_BYTES) -> None:
+    """`path` is a regular file this user may read, of at most `max_bytes` (a pipe or a device
+    such as /dev/zero is refused before it is opened: it would block or never end)."""
+    check_input_file(path, flag, max_bytes)
 
 
 def check_leaderboard(path: Path, flag: str = "csv") -> list[dict[str, str]]:
@@ -239,24 +310,44 @@ def check_leaderboard(path: Path, flag: str = "csv") -> list[dict[str, str]]:
     and in ours a whole-number `trial` in every row. Returns the rows (our column names)."""
     from tuner.results import read_rows
 
-    check_readable_file(path, flag)
-    data = path.read_bytes()
+    data = read_input(path, flag, CSV_MAX_BYTES)
     if b"\0" in data:
         line = data[: data.index(b"\0")].count(b"\n") + 1
         raise UserError(
             f"{path} line {line} holds a NUL byte: the file is damaged; fix or delete that line"
         )
     rows = read_rows(path)
+    numeric = _numeric_columns()
     for i, r in enumerate(rows, start=2):
-        if r.get("source") == "reference":
-            break
+        ours = r.get("source") != "reference"
         trial = r.get("trial") or ""
-        if not trial.isascii() or not trial.isdigit():
+        if ours and (not trial.isascii() or not trial.isdigit()):
             raise UserError(
                 f"{path} line {i}: trial {_shown(trial)} is not a whole number: fix or delete "
                 "that row"
             )
+        for col in numeric.intersection(r):
+            text = (r[col] or "").strip()
+            if not text:
+                continue
+            try:
+                finite = math.isfinite(float(text))
+            except ValueError:
+                if not ours:
+                    continue  # the published files' notes ("OOM", "/") are read as no number
+                finite = False
+            if not finite:
+                raise UserError(
+                    f"{path} line {i}: {col} {_shown(text)} is not a finite number: fix the "
+                    "cell or delete that row"
+                )
     return rows
+
+
+def _numeric_columns() -> frozenset[str]:
+    from tuner.leaderboard import FLOAT_COLUMNS, INT_COLUMNS
+
+    return FLOAT_COLUMNS | INT_COLUMNS
 
 
 def known_columns(rows: Iterable[dict[str, str]]) -> set[str]:
@@ -310,24 +401,61 @@ def _check_run(args: argparse.Namespace) -> None:
     if args.storage and "://" not in args.storage:
         check_writable_file(Path(args.storage), "--storage")
     if args.profile is not None:
-        check_readable_file(args.profile, "--profile")
+        check_readable_file(args.profile, "--profile", JSON_MAX_BYTES)
+    check_runner_options(args)
+
+
+_FOR_LAUNCHER = re.compile(r"--launcher (\w+):")
+
+
+def check_runner_options(args: argparse.Namespace) -> None:
+    """No option is given where it does nothing: the options of the `verl runner` group need
+    `--runner verl`, and those whose help starts `--launcher X:` need that launcher (a
+    `--ray-address` under `--runner estimate` was ignored without a word)."""
+    from tuner.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    run = sub.choices["run"]
+    for group in run._action_groups:
+        if not (group.title or "").startswith("verl runner"):
+            continue
+        for a in group._group_actions:
+            value = getattr(args, a.dest, a.default)
+            if value == a.default or value in (None, [], False):
+                continue
+            flag = a.option_strings[0]
+            if args.runner != "verl":
+                raise UserError(
+                    f"{flag} applies to --runner verl only, not --runner {args.runner}: add "
+                    f"--runner verl or leave {flag} out"
+                )
+            m = _FOR_LAUNCHER.match(a.help or "")
+            if m and args.launcher != m.group(1):
+                raise UserError(
+                    f"{flag} applies to --launcher {m.group(1)} only, not --launcher "
+                    f"{args.launcher}: add --launcher {m.group(1)} or leave {flag} out"
+                )
 
 
 def _check_export(args: argparse.Namespace) -> None:
+    if args.rank is not None and args.trial is not None:
+        raise UserError(
+            f"--rank {args.rank} and --trial {args.trial} both choose the row: pass one of them"
+        )
     _check_leaderboards(args)
     check_writable_dir(args.recipes_dir, "--recipes-dir")
 
 
 def _check_estimate(args: argparse.Namespace) -> None:
     if args.profile is not None:
-        check_readable_file(args.profile, "--profile")
+        check_readable_file(args.profile, "--profile", JSON_MAX_BYTES)
 
 
 def _check_calibrate(args: argparse.Namespace) -> None:
     for path in args.csv:
         check_readable_file(path, "csv")
     if args.start is not None:
-        check_readable_file(args.start, "--start")
+        check_readable_file(args.start, "--start", JSON_MAX_BYTES)
     if args.gpu is not None:
         from tuner.hardware import get_gpu
 
@@ -335,7 +463,8 @@ def _check_calibrate(args: argparse.Namespace) -> None:
     if not args.dry_run:
         from tuner.estimate.profile import DEFAULT_PROFILE_PATH
 
-        check_writable_file(args.out or DEFAULT_PROFILE_PATH, "--out")
+        reads = [*args.csv, *([args.start] if args.start else [])]
+        check_output_file(args.out or DEFAULT_PROFILE_PATH, "--out", kind=".json", inputs=reads)
 
 
 def _check_table(args: argparse.Namespace) -> None:
@@ -361,22 +490,31 @@ def _check_plot(args: argparse.Namespace) -> None:
     if out is not None:
         if out.suffix.lower() not in PLOT_SUFFIXES:
             raise UserError(f"--out {out}: end the name in {', '.join(PLOT_SUFFIXES)}")
-        check_writable_file(out, "--out")
+        check_output_file(out, "--out", kind=out.suffix.lower(), inputs=[args.csv])
     else:
         check_writable_dir(Path(args.csv).parent, "csv folder (the PNG goes beside it; or --out)")
+        out = Path(args.csv).with_suffix(".png")
+        check_output_file(out, "the PNG beside the csv (or --out)", kind=".png", inputs=[args.csv])
 
 
 def _check_report(args: argparse.Namespace) -> None:
     _check_table(args)
-    for ref in getattr(args, "reference", None) or ():
-        check_readable_file(Path(ref), "--reference")
+    refs = [Path(r) for r in getattr(args, "reference", None) or ()]
+    for ref in refs:
+        check_readable_file(ref, "--reference")
+    storage = getattr(args, "storage", None) or ""
+    reads = [Path(args.csv), *refs]
+    if storage and (storage.startswith("sqlite:///") or "://" not in storage):
+        reads.append(Path(storage.removeprefix("sqlite:///")))
     out = getattr(args, "out", None)
-    if out is not None:
-        check_writable_file(Path(out), "--out")
-    else:
+    if out is None:
         check_writable_dir(
             Path(args.csv).parent, "csv folder (the report goes beside it; or --out)"
         )
+        out, flag = Path(args.csv).with_suffix(".html"), "the report beside the csv (or --out)"
+    else:
+        flag = "--out"
+    check_output_file(Path(out), flag, kind=".html", inputs=reads)
 
 
 VALIDATORS: dict[str, Callable[[argparse.Namespace], None]] = {
@@ -415,18 +553,65 @@ _HINTS = {
 }
 
 
+_SECRET_RE = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^@\s]*@")
+
+
+def redact(text: str) -> str:
+    """`text` with the password of every URL in it (`postgresql://user:pass@host`) replaced
+    by `***`: messages quote storage URLs, and terminals and logs keep what is printed."""
+    return _SECRET_RE.sub(r"\1:***@", text)
+
+
+def error_line(e: BaseException) -> str:
+    """A UserError's message as the one line `tune` prints: on one line, no password."""
+    return redact(one_line(e))
+
+
 def os_error_line(e: OSError) -> str:
     """An OSError from inside a command as one line that says what to change."""
     where = e.filename if e.filename is not None else ""
     what = e.strerror or str(e) or type(e).__name__
     hint = _HINTS.get(e.errno or 0, "check the path and its permissions")
     text = f"{where}: {what}: {hint}" if where else f"{what}: {hint}"
-    return " ".join(str(text).splitlines())
+    return redact(" ".join(str(text).splitlines()))
+
+
+_STORAGE_FAILURES = {
+    "disk is full": "the disk is full: free space or pass --storage on another disk",
+    "disk I/O error": "the disk failed a write: check the disk, or pass --storage on another",
+    "readonly database": "it became read-only: make it writable or pass --storage elsewhere",
+    "unable to open database file": "it cannot be opened: check the path and its permissions",
+}
+
+
+def storage_failure_line(e: BaseException, url: str) -> str | None:
+    """A storage that fails inside a study (SQLite's `database or disk is full`, raised by
+    sqlalchemy or sqlite3) as one line naming the storage; None for any other error."""
+    if "OperationalError" not in type(e).__name__ and "DatabaseError" not in type(e).__name__:
+        return None
+    text = str(e)
+    for key, hint in _STORAGE_FAILURES.items():
+        if key in text:
+            where = url.removeprefix("sqlite:///")
+            return f"storage {redact(where)}: {key}: {hint}"
+    return None
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every float that is not finite as None, so that `json.dumps` writes JSON
+    (`null`), not Python's `Infinity`/`NaN`, which strict readers refuse."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
 
 
 def one_line(e: BaseException) -> str:
     """The message of an error as a single line."""
-    return " ".join(str(e).split("\n")).strip() or type(e).__name__
+    return " ".join(str(e).split()).strip() or type(e).__name__
 
 
 def flags_of(parser: argparse.ArgumentParser) -> dict[str, Any]:

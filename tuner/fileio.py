@@ -1,4 +1,5 @@
-"""The project's one atomic file writer: temp file + fsync + os.replace, with the user's umask.
+"""The project's one atomic file writer (temp file + fsync + os.replace, with the user's umask)
+and its one reader of what a user passes in (bounded, regular files only).
 
 A kill at any moment leaves either the old file or the new one, never a torn one. The file gets
 the mode a plain `open(path, "w")` would give it (0644 under the usual umask 022), not the 0600
@@ -7,9 +8,15 @@ that `tempfile.mkstemp` creates."""
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from tuner.errors import UserError
 
 
 def _umask() -> int:
@@ -33,8 +40,109 @@ def write_atomic(path: Path | str, data: str | bytes) -> Path:
             os.fchmod(f.fileno(), 0o666 & ~_umask())
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # a write's ENOSPC names no file
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
     return path
+
+
+# --------------------------------------------------------------------------------------------
+# Reading what a user passes in: bounded, regular files only
+# --------------------------------------------------------------------------------------------
+
+MIB = 1 << 20
+JSON_MAX_BYTES = 16 * MIB
+"""Largest JSON input (a config.json, a calibration profile): real ones are a few KiB."""
+CSV_MAX_BYTES = 512 * MIB
+"""Largest leaderboard CSV: a 100,000-trial study's is about 200 MiB."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a pipe (fifo)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def check_input_file(path: Path | str, what: str, max_bytes: int) -> int:
+    """`path` is a regular file of at most `max_bytes` that this user may read; returns its
+    size. Decided from its metadata alone, so a pipe or a device (`/dev/zero`), which would
+    block or never end, is refused without being opened. UserError otherwise."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise UserError(f"{what}: no file at {path}: check the path") from None
+    except OSError as e:  # a symbolic link loop, a name too long, a file in the way
+        raise UserError(f"{what} {path}: {e.strerror or e}: pass another path") from None
+    if not stat.S_ISREG(st.st_mode):
+        hint = "pass a file in it" if stat.S_ISDIR(st.st_mode) else "pass a regular file"
+        raise UserError(f"{what} {path} is {_kind(st.st_mode)}: {hint}")
+    if st.st_size > max_bytes:
+        raise UserError(
+            f"{what} {path} is {st.st_size / MIB:.1f} MiB, more than the {max_bytes // MIB} MiB "
+            "such a file can be: pass the right file"
+        )
+    if not os.access(path, os.R_OK):
+        raise UserError(f"{what} {path} cannot be read: check its permissions")
+    return st.st_size
+
+
+def read_input(path: Path | str, what: str, max_bytes: int) -> bytes:
+    """The bytes of the input file `path` (checked by `check_input_file`), reading at most
+    `max_bytes` even if the file grows meanwhile."""
+    check_input_file(path, what, max_bytes)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise UserError(f"{what} {path}: {e.strerror or e}: check the path") from None
+    if len(data) > max_bytes:
+        raise UserError(f"{what} {path} grew past {max_bytes // MIB} MiB while read: pass a file")
+    return data
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows: write a finite number")
+
+
+def _whole(text: str) -> int:
+    if len(text.lstrip("-")) > 30:
+        raise ValueError(f"a number of {len(text.lstrip('-'))} digits is too large")
+    return int(text)
+
+
+def _finite(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"{text[:40]} is too large: write a finite number")
+    return v
+
+
+def load_json(path: Path | str, what: str, max_bytes: int = JSON_MAX_BYTES) -> Any:
+    """A JSON input file as Python values: bounded (`read_input`), UTF-8 with or without a byte
+    order mark, and strict: NaN, Infinity and numbers too long for Python to read are refused
+    with the file named, as a UserError."""
+    data = read_input(path, what, max_bytes)
+    try:
+        return json.loads(
+            data.decode("utf-8-sig"),
+            parse_constant=_no_constant,
+            parse_float=_finite,
+            parse_int=_whole,
+        )
+    except UnicodeDecodeError:
+        raise UserError(f"{what} {path} is not UTF-8 text: pass a JSON file") from None
+    except ValueError as e:  # JSONDecodeError, NaN/Infinity, a 5000-digit number
+        first = " ".join(str(e).split())
+        raise UserError(f"{what} {path} is not valid JSON ({first})") from None
+    except RecursionError:
+        raise UserError(f"{what} {path} nests too deeply to be a JSON config") from None

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from tuner.errors import UserError
+from tuner.fileio import load_json
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -278,21 +279,73 @@ def _has_qk_norm(cfg: dict[str, object]) -> bool:
     return bool(cfg.get("qk_layernorm") or cfg.get("use_qk_norm") or cfg.get("qk_norm"))
 
 
+CONFIG_MAX_BYTES = 4 << 20
+"""Largest config.json read: the hub's are a few KiB (a label table makes some 100 KiB)."""
+MAX_COUNT = 1 << 24
+"""Largest architecture count accepted (16.7M): vocabularies reach 262k, widths 30k."""
+CONFIG_COUNTS: dict[str, int] = {
+    "num_hidden_layers": 1,
+    "hidden_size": 1,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "head_dim": 1,
+    "vocab_size": 1,
+    "intermediate_size": 0,
+    "num_experts": 0,
+    "num_local_experts": 0,
+    "n_routed_experts": 0,
+    "num_experts_per_tok": 0,
+    "moe_intermediate_size": 0,
+    "n_shared_experts": 0,
+    "shared_expert_intermediate_size": 0,
+    "first_k_dense_replace": 0,
+    "moe_layer_freq": 1,
+    "decoder_sparse_step": 1,
+    "kv_lora_rank": 0,
+    "q_lora_rank": 0,
+    "qk_rope_head_dim": 0,
+    "qk_nope_head_dim": 0,
+    "v_head_dim": 0,
+}
+"""Every config.json count the reader may use, with its least value. Each one present (and not
+null) must be a JSON whole number in least..MAX_COUNT: not 27.9, not true, not "28"."""
+CONFIG_FLAGS = ("attention_bias", "tie_word_embeddings", "qk_layernorm", "use_qk_norm", "qk_norm")
+"""config.json switches the reader uses: JSON true or false where present."""
+
+
+def check_config_values(cfg: dict[str, object], path: Path) -> None:
+    """The one check of a config.json's numbers and switches (`CONFIG_COUNTS`, `CONFIG_FLAGS`),
+    before any is used; UserError naming the field, its value and the allowed range."""
+    for key, least in CONFIG_COUNTS.items():
+        v = cfg.get(key)
+        if v is None:
+            continue
+        shown = json.dumps(v)[:40]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise UserError(f"{path}: {key} is {shown}, not a whole number: fix the config.json")
+        if not least <= v <= MAX_COUNT:
+            raise UserError(
+                f"{path}: {key} is {shown}, outside {least}..{MAX_COUNT}: fix the config.json"
+            )
+    for key in CONFIG_FLAGS:
+        v = cfg.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise UserError(
+                f"{path}: {key} is {json.dumps(v)[:40]}, not true or false: fix the config.json"
+            )
+
+
 def from_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face config.json (or a folder holding one)."""
     if path.is_dir():
         path = path / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"no config.json at {path}: pass a registry name or a valid path") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(
-            f"{path} is not valid JSON ({e}): pass a Hugging Face config.json"
-        ) from None
+    if not path.exists():
+        raise UserError(f"no config.json at {path}: pass a registry name or a valid path")
+    cfg = load_json(path, "model config", CONFIG_MAX_BYTES)
     if not isinstance(cfg, dict):
         raise UserError(f"{path} holds no JSON object: pass a Hugging Face config.json")
     cfg = {**cfg, **cfg.get("text_config", {})} if isinstance(cfg.get("text_config"), dict) else cfg
+    check_config_values(cfg, path)
     required = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
     missing = [k for k in required if k not in cfg]
     if missing:

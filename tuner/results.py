@@ -358,7 +358,7 @@ def _fmt(v: Any) -> str:
     if v is None:
         return ""
     if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:.6g}"
+        return f"{v:.6g}" if math.isfinite(v) else ""  # a leaderboard's numbers are finite
     if isinstance(v, dict):
         return ";".join(f"{k}={_fmt(x)}" for k, x in v.items())
     return str(v)
@@ -410,7 +410,7 @@ def upsert_row(path: Path, row: dict[str, Any]) -> None:
 
 def read_raw(path: Path) -> list[dict[str, str]]:
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's BOM too
             return list(csv.DictReader(f))
     except FileNotFoundError:
         raise UserError(f"no leaderboard at {path}: run `tune --model ...` first") from None

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from tuner.errors import UserError
+from tuner.fileio import load_json
 
 PROFILE_SCHEMA = 2
 DEFAULT_PROFILE_PATH = Path("results") / "calibration.json"
@@ -117,8 +118,8 @@ def load_profile(path: Path | None = None) -> Profile:
         if path is not None:
             raise UserError(f"no calibration profile at {p}: run `tune calibrate` first")
         return Profile()
+    data = load_json(p, "calibration profile")
     try:
-        data = json.loads(p.read_text())
         if data.get("schema") != PROFILE_SCHEMA:
             raise ValueError(f"schema {data.get('schema')} != {PROFILE_SCHEMA}")
         known = {f.name for f in fields(Profile)}

@@ -71,15 +71,11 @@ def _check_file(path: Path, journal: bool) -> None:
     with open(path, "rb") as f:
         head = f.read(1 << 16)
     if journal:
-        first = head.split(b"\n", 1)[0]
-        try:
-            ok = "op_code" in json.loads(first)
-        except (ValueError, TypeError):
-            ok = False
-        if not ok:
+        why = journal_damage(path)
+        if why:
             raise UserError(
-                f"storage {path} cannot be opened as an Optuna journal file (its first line is "
-                "not a journal entry): move the file aside or pass --storage with another path"
+                f"storage {path} cannot be opened as an Optuna journal file ({why}): move the "
+                "file aside or pass --storage with another path"
             )
     elif not head.startswith(_SQLITE_MAGIC):
         raise UserError(
@@ -88,13 +84,43 @@ def _check_file(path: Path, journal: bool) -> None:
         )
     else:
         tables = sqlite_tables(path)
-        if tables and not OPTUNA_TABLES <= tables:
+        if tables and not tables >= OPTUNA_TABLES:
             shown = ", ".join(sorted(tables)[:4]) + (", ..." if len(tables) > 4 else "")
             raise UserError(
                 f"storage {path} is another application's SQLite database (tables {shown}), "
                 "not an Optuna storage; Optuna would add its tables to it: pass --storage with "
                 "a new file"
             )
+
+
+def journal_damage(path: Path) -> str:
+    """Why the journal file `path` is not one Optuna can replay, or "": each whole line must be
+    a JSON object with a known `op_code` and a `worker_id` (a last line without its newline is a
+    write cut short, which Optuna skips), and the whole file must replay (an entry missing a
+    field Optuna reads). Optuna itself stops with a KeyError or a TypeError on the first such
+    line, at any later read."""
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal._storage import JournalOperation
+
+    ops = {op.value for op in JournalOperation}
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.endswith(b"\n"):
+                break
+            try:
+                entry = json.loads(line.decode())
+            except (ValueError, UnicodeDecodeError):
+                entry = None
+            which = "its first line" if number == 1 else f"line {number}"
+            if not isinstance(entry, dict) or entry.get("op_code") not in ops:
+                return f"{which} is not a journal entry"
+            if not isinstance(entry.get("worker_id"), str):
+                return f"{which} has no worker_id"
+    try:
+        optuna.storages.JournalStorage(JournalFileBackend(str(path))).get_all_studies()
+    except Exception as e:  # Optuna's replay: KeyError, TypeError, AssertionError, ...
+        return f"an entry Optuna cannot replay: {type(e).__name__} {e}"
+    return ""
 
 
 OPTUNA_TABLES = frozenset({"studies", "trials", "version_info"})
