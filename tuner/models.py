@@ -377,12 +377,26 @@ def from_hf_config(path: Path) -> ModelSpec:
         raise UserError(f"{path} has a non-numeric architecture field ({e})") from None
 
 
+_CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def _in_checkout(path: Path) -> Path:
+    """A relative path not found from the current folder, looked up in the checkout this
+    package runs from: the committed leaderboards name their models by a path relative to the
+    repository (`scripts/models/.../config.json`), so they export and calibrate from any
+    folder."""
+    if path.is_absolute() or path.exists():
+        return path
+    there = _CHECKOUT / path
+    return there if there.exists() else path
+
+
 def get_model(name_or_path: str) -> ModelSpec:
     """A registry name (`qwen3-30b-moe`) or a path to a config.json or its folder."""
     key = name_or_path.lower()
     if key in REGISTRY:
         return REGISTRY[key]
-    path = Path(name_or_path)
+    path = _in_checkout(Path(name_or_path))
     if path.suffix == ".json" or path.exists():
         return from_hf_config(path)
     known = ", ".join(sorted(REGISTRY))
