@@ -121,7 +121,7 @@ from tuner.models import REGISTRY
 from tuner.space import SearchSpace, sample
 from tuner.runners.estimate import EstimateRunner
 from tuner.workload import PRESETS
-st.HEARTBEAT_S, st.GRACE_S = 1, 2
+st.HEARTBEAT_S, st.GRACE_S = 1, 1
 name, url, worker = sys.argv[1:4]
 storage = st.open_storage(url, on_stale=st.enqueue_rerun)
 study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
@@ -185,10 +185,10 @@ def test_a_worker_of_another_host_that_died_is_reclaimed_by_its_heartbeat(
     heartbeat is older than the grace period the next worker fails the trial and re-runs its
     candidate (it stayed RUNNING for good, counted as running elsewhere)."""
     monkeypatch.setattr(storage, "HEARTBEAT_S", 1)
-    monkeypatch.setattr(storage, "GRACE_S", 2)
+    monkeypatch.setattr(storage, "GRACE_S", 1)
     req = _request(workdir, 2)
     number = _worker_killed_mid_trial(req, "gpu-node-7:4242", reap=True)
-    time.sleep(2.2)  # past the grace period
+    time.sleep(2.2)  # past the grace period (SQLite's clock counts whole seconds)
     s = run_study(req)
     _check_reclaimed(req, number)
     assert s.trials_total == 2
