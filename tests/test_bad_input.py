@@ -8,9 +8,13 @@ sizes, modes and mtimes are compared before and after.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import json
 import os
 import shutil
+import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -77,6 +81,138 @@ def _config_json(text: str) -> Setup:
 
 def _none(_d: Path, _mp: pytest.MonkeyPatch) -> None:
     return None
+
+
+SECONDS = 20
+"""A bad input is refused within seconds: a case still running after this is a hang (failed)."""
+
+
+def _within(seconds: int, fn: Callable[..., int], *args: object) -> int:
+    """fn(*args), failing the test if it runs past `seconds` (a blocking open of a fifo, a read
+    of /dev/zero, a loop of a token per pass) instead of hanging the test run."""
+
+    def hang(_sig: int, _frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s: a hang, not a refusal")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(seconds)
+    try:
+        return fn(*args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _fifo(name: str) -> Setup:
+    def setup(d: Path, _mp: pytest.MonkeyPatch) -> None:
+        os.mkfifo(d / name)
+
+    return setup
+
+
+def _loop(name: str) -> Setup:
+    """A symbolic link loop: name -> name.2 -> name."""
+
+    def setup(d: Path, _mp: pytest.MonkeyPatch) -> None:
+        (d / name).symlink_to(f"{name}.2")
+        (d / f"{name}.2").symlink_to(name)
+
+    return setup
+
+
+def _sparse(name: str, size: int) -> Setup:
+    """A file of `size` bytes that takes no disk (a hole)."""
+
+    def setup(d: Path, _mp: pytest.MonkeyPatch) -> None:
+        with open(d / name, "wb") as f:
+            f.truncate(size)
+
+    return setup
+
+
+def _cell(name: str, column: str, value: str, source: str = GOOD) -> Setup:
+    """A copy of the good leaderboard with one cell of its first row set to `value`."""
+
+    def setup(d: Path, _mp: pytest.MonkeyPatch) -> None:
+        with open(d / source, newline="") as f:
+            rows = list(csv.DictReader(f))
+        rows[0][column] = value
+        with open(d / name, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+    return setup
+
+
+def _foreign_sqlite(name: str) -> Setup:
+    """Another application's SQLite database."""
+
+    def setup(d: Path, _mp: pytest.MonkeyPatch) -> None:
+        with contextlib.closing(sqlite3.connect(d / name)) as c:
+            c.execute("CREATE TABLE notes (x)")
+            c.commit()
+
+    return setup
+
+
+def _optuna_sqlite(name: str, library_version: str = "") -> Setup:
+    """An Optuna SQLite storage holding one study; `library_version`: as if a newer Optuna had
+    made it (schema and version unknown to this one)."""
+
+    def setup(d: Path, _mp: pytest.MonkeyPatch) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.create_study(study_name="s", storage=f"sqlite:///{d / name}")
+        if library_version:
+            with contextlib.closing(sqlite3.connect(d / name)) as c:
+                c.execute("UPDATE alembic_version SET version_num = 'v99.0.0.a'")
+                c.execute("UPDATE version_info SET library_version = ?", (library_version,))
+                c.commit()
+
+    return setup
+
+
+def _journal(name: str, *lines: str) -> Setup:
+    def setup(d: Path, _mp: pytest.MonkeyPatch) -> None:
+        text = "".join(line + "\n" for line in lines)
+        (d / name).write_bytes(text.encode("utf-8", "surrogateescape"))  # \udcff: byte 0xff
+
+    return setup
+
+
+def _stdout_closed(_d: Path, mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(sys, "stdout", None)  # what Python sets when started with stdout closed
+
+
+def _all(*setups: Setup) -> Setup:
+    def setup(d: Path, mp: pytest.MonkeyPatch) -> None:
+        for one in setups:
+            one(d, mp)
+
+    return setup
+
+
+def _config(**fields: object) -> str:
+    """A config.json of a small dense model with `fields` set (None: left out)."""
+    cfg: dict[str, object] = {
+        "model_type": "llama",
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+    }
+    cfg.update(fields)
+    return json.dumps({k: v for k, v in cfg.items() if v is not None})
+
+
+EC = ["estimate", "--model", "config.json", "--gpus", "8", "--layout", "tp2"]
+"""An estimate of the model in ./config.json."""
+ENTRY = '{"op_code": 0, "worker_id": "w", "study_name": "s", "directions": [1]}'
+"""A journal line Optuna replays (a study created)."""
 
 
 # (id, argv, fragment of the one stderr line, setup)
@@ -206,6 +342,308 @@ CASES: list[tuple[str, list[str], str, Setup]] = [
     ("calibrate-start-missing", ["calibrate", GOOD, "--start", "s.json"], "--start", _none),
     ("calibrate-gpu", ["calibrate", GOOD, "--gpu", "v100"], "unknown GPU kind 'v100'", _none),
     ("models-extra", ["models", "--all"], "unrecognized arguments: --all", _none),
+    # --- issue 19: config.json values (tracebacks and silent acceptance before)
+    (
+        "config-heads-zero",
+        EC,
+        "num_attention_heads is 0",
+        _config_json(_config(num_attention_heads=0)),
+    ),
+    (
+        "config-heads-inf",
+        EC,
+        "Infinity is not a number",
+        _config_json(
+            _config().replace('"num_attention_heads": 8', '"num_attention_heads": Infinity')
+        ),
+    ),
+    (
+        "config-5000-digits",
+        EC,
+        "5000 digits is too large",
+        _config_json(_config().replace('"vocab_size": 1000', '"vocab_size": ' + "7" * 5000)),
+    ),
+    (
+        "config-1e999",
+        EC,
+        "1e999 is too large",
+        _config_json(_config().replace('"vocab_size": 1000', '"vocab_size": 1e999')),
+    ),
+    (
+        "config-nan",
+        EC,
+        "NaN is not a number",
+        _config_json(_config().replace('"vocab_size": 1000', '"vocab_size": NaN')),
+    ),
+    ("config-vocab-zero", EC, "vocab_size is 0", _config_json(_config(vocab_size=0))),
+    (
+        "config-layers-fraction",
+        EC,
+        "num_hidden_layers is 27.9, not a whole",
+        _config_json(_config(num_hidden_layers=27.9)),
+    ),
+    (
+        "config-layers-true",
+        EC,
+        "num_hidden_layers is true, not a whole",
+        _config_json(_config(num_hidden_layers=True)),
+    ),
+    (
+        "config-kv-heads-zero",
+        EC,
+        "num_key_value_heads is 0",
+        _config_json(_config(num_key_value_heads=0)),
+    ),
+    (
+        "config-layers-text",
+        EC,
+        'num_hidden_layers is "28"',
+        _config_json(_config(num_hidden_layers="28")),
+    ),
+    (
+        "config-bias-text",
+        EC,
+        'attention_bias is "yes", not true or false',
+        _config_json(_config(attention_bias="yes")),
+    ),
+    ("config-deep", EC, "nests too deeply", _config_json("[" * 100_000 + "]" * 100_000)),
+    # --- issue 19: inputs that hung (a fifo, /dev/zero) or that no reader should take whole
+    ("model-fifo", EC, "config.json is a pipe (fifo)", _fifo("config.json")),
+    ("model-dev-null", [*EC[:2], "/dev/null", *EC[3:]], "/dev/null is a device", _none),
+    ("model-huge", EC, "MiB, more than the 4 MiB", _sparse("config.json", 5 << 20)),
+    (
+        "run-profile-fifo",
+        [*R, "--profile", "p.json"],
+        "--profile p.json is a pipe",
+        _fifo("p.json"),
+    ),
+    (
+        "estimate-profile-dev-null",
+        [*E, "--layout", "tp2", "--profile", "/dev/null"],
+        "--profile /dev/null is a device",
+        _none,
+    ),
+    ("show-dev-null", ["show", "/dev/null"], "csv /dev/null is a device", _none),
+    ("show-fifo", ["show", "f.csv"], "csv f.csv is a pipe (fifo)", _fifo("f.csv")),
+    ("plot-huge", ["plot", "h.csv"], "more than the 512 MiB", _sparse("h.csv", 513 << 20)),
+    (
+        "calibrate-start-fifo",
+        ["calibrate", GOOD, "--start", "s.json"],
+        "--start s.json is a pipe",
+        _fifo("s.json"),
+    ),
+    (
+        "report-reference-dev-null",
+        ["report", GOOD, "--reference", "/dev/null"],
+        "--reference /dev/null is a device",
+        _none,
+    ),
+    # --- issue 19: paths the system cannot follow, outputs that are no files
+    (
+        "results-dir-loop",
+        [*R, "--results-dir", "loop"],
+        "--results-dir loop: a symbolic link loop",
+        _loop("loop"),
+    ),
+    (
+        "results-dir-under-loop",
+        [*R, "--results-dir", "loop/sub"],
+        "a symbolic link loop",
+        _loop("loop"),
+    ),
+    (
+        "storage-loop",
+        [*R, "--storage", "loop"],
+        "--storage loop: a symbolic link loop",
+        _loop("loop"),
+    ),
+    ("show-loop", ["show", "loop"], "csv loop: a symbolic link loop", _loop("loop")),
+    (
+        "storage-fifo",
+        [*R, "--storage", "s.db"],
+        "--storage s.db is not a regular file",
+        _fifo("s.db"),
+    ),
+    (
+        "report-out-fifo",
+        ["report", GOOD, "-o", "r.html"],
+        "--out r.html is not a regular file",
+        _fifo("r.html"),
+    ),
+    ("stdout-closed", ["models"], "stdout is closed", _stdout_closed),
+    # --- issue 19: leaderboard numbers that are not finite (ranked first, a plot traceback)
+    (
+        "show-inf",
+        ["show", "i.csv"],
+        "tokens_per_s_per_gpu 'inf' is not a finite",
+        _cell("i.csv", "tokens_per_s_per_gpu", "inf"),
+    ),
+    (
+        "plot-inf",
+        ["plot", "i.csv"],
+        "line 2: tokens_per_s_per_gpu 'inf'",
+        _cell("i.csv", "tokens_per_s_per_gpu", "inf"),
+    ),
+    (
+        "export-nan",
+        ["export", "i.csv"],
+        "step_s 'nan' is not a finite",
+        _cell("i.csv", "step_s", "nan"),
+    ),
+    (
+        "report-minus-inf",
+        ["report", "i.csv"],
+        "peak_mem_gib '-inf'",
+        _cell("i.csv", "peak_mem_gib", "-inf"),
+    ),
+    (
+        "show-word",
+        ["show", "i.csv"],
+        "step_s 'fast' is not a finite",
+        _cell("i.csv", "step_s", "fast"),
+    ),
+    # --- issue 19: -o onto what a command reads or keeps (it was overwritten with HTML, exit 0)
+    (
+        "report-out-storage",
+        ["report", GOOD, "-o", "studies.sqlite3"],
+        "--out studies.sqlite3 is an SQLite database",
+        _optuna_sqlite("studies.sqlite3"),
+    ),
+    (
+        "report-out-leaderboard",
+        ["report", GOOD, "-o", X4],
+        "--out x4.csv is a leaderboard CSV",
+        _none,
+    ),
+    (
+        "report-out-itself",
+        ["report", GOOD, "-o", GOOD],
+        "--out lb.csv is a file this command reads",
+        _none,
+    ),
+    (
+        "report-out-its-storage",
+        ["report", GOOD, "--storage", "st.db", "-o", "st.db"],
+        "--out st.db is a file this command reads",
+        _optuna_sqlite("st.db"),
+    ),
+    (
+        "report-default-out-is-input",
+        ["report", "lb.html"],
+        "lb.html is a file this command reads",
+        _cell("lb.html", "reason", ""),
+    ),
+    (
+        "plot-out-storage",
+        ["plot", GOOD, "--out", "s.png"],
+        "--out s.png is an SQLite database",
+        _optuna_sqlite("s.png"),
+    ),
+    (
+        "plot-default-out-is-input",
+        ["plot", "lb.png"],
+        "lb.png is a file this command reads",
+        _cell("lb.png", "reason", ""),
+    ),
+    (
+        "calibrate-out-csv",
+        ["calibrate", GOOD, "--out", GOOD],
+        "--out lb.csv is a file this command reads",
+        _none,
+    ),
+    (
+        "calibrate-out-storage",
+        ["calibrate", GOOD, "--out", "c.json"],
+        "--out c.json is an SQLite database",
+        _optuna_sqlite("c.json"),
+    ),
+    # --- issue 19: storages
+    (
+        "storage-foreign",
+        [*R, "--storage", "app.db"],
+        "another application's SQLite database (tables notes)",
+        _foreign_sqlite("app.db"),
+    ),
+    (
+        "storage-foreign-url",
+        [*R, "--storage", "sqlite:///app.db"],
+        "another application's SQLite",
+        _foreign_sqlite("app.db"),
+    ),
+    (
+        "storage-future",
+        [*R, "--storage", "new.db"],
+        "(set up by optuna 99.0.0). Please try updating optuna to the latest version by "
+        "`$ pip install -U optuna`.",
+        _optuna_sqlite("new.db", "99.0.0"),
+    ),
+    (
+        "storage-password",
+        [*R, "--storage", "postgresql://user:secretpw@localhost:1/db"],
+        "storage postgresql://user:***@localhost:1/db",
+        _none,
+    ),
+    (
+        "journal-garbage-line",
+        [*R, "--storage", "j.log"],
+        "(line 2 is not a journal entry)",
+        _journal("j.log", ENTRY, "garbage{"),
+    ),
+    (
+        "journal-list-line",
+        [*R, "--storage", "j.log"],
+        "(line 2 is not a journal entry)",
+        _journal("j.log", ENTRY, "[1, 2]"),
+    ),
+    (
+        "journal-binary-line",
+        [*R, "--storage", "j.log"],
+        "(line 2 is not a journal entry)",
+        _journal("j.log", ENTRY, "\udcff"),
+    ),
+    (
+        "journal-no-worker",
+        [*R, "--storage", "j.log"],
+        "line 2 has no worker_id",
+        _journal("j.log", ENTRY, '{"op_code": 4}'),
+    ),
+    (
+        "journal-cannot-replay",
+        [*R, "--storage", "j.log"],
+        "cannot replay: KeyError 'study_name'",
+        _journal("j.log", '{"op_code": 0, "worker_id": "w"}'),
+    ),
+    # --- issue 19: options another runner or launcher ignored without a word
+    (
+        "launcher-without-verl",
+        [*R, "--launcher", "slurm"],
+        "--launcher applies to --runner verl only",
+        _none,
+    ),
+    (
+        "ray-address-without-verl",
+        [*R, "--ray-address", "http://h:8265"],
+        "--ray-address applies to --runner verl only",
+        _none,
+    ),
+    (
+        "train-file-without-verl",
+        [*R, "--train-file", "t.parquet"],
+        "--train-file applies to --runner verl only",
+        _none,
+    ),
+    (
+        "ray-address-under-slurm",
+        [*R, "--runner", "verl", "--launcher", "slurm", "--ray-address", "http://h:8265"],
+        "--ray-address applies to --launcher ray only",
+        _none,
+    ),
+    (
+        "export-rank-and-trial",
+        ["export", GOOD, "--rank", "2", "--trial", "5"],
+        "--rank 2 and --trial 5 both choose the row",
+        _none,
+    ),
 ]
 
 
@@ -262,15 +700,30 @@ def test_bad_input(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    _assert_refused(argv, fragment, setup, leaderboards, workdir, monkeypatch, capsys)
+
+
+def _assert_refused(
+    argv: list[str],
+    fragment: str,
+    setup: Setup,
+    leaderboards: Path,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> str:
+    """main(argv) in `workdir` (the leaderboards copied in, then `setup`): exit code 2 within
+    SECONDS, one line on stderr holding `fragment`, no file created, changed or removed.
+    Returns the line."""
     for name in (GOOD, X4, NUL, JUNK):
         shutil.copy(leaderboards / name, workdir / name)
     setup(workdir, monkeypatch)
     before = _snapshot(workdir)
     try:
-        code = main(argv)
+        code = _within(SECONDS, main, argv)
     finally:
         for p in workdir.rglob("*"):  # let tmp_path clean up a read-only folder
-            if p.is_dir():
+            if p.is_dir() and not p.is_symlink():
                 p.chmod(0o755)
     err = capsys.readouterr().err
     assert code == 2, err
@@ -281,7 +734,16 @@ def test_bad_input(
     for p in after:  # the chmod above is the test's own change
         if after[p][0] and p in before:
             after[p] = (True, before[p][1], before[p][2], after[p][3])
+    for p in [p for p in after if p not in before and _empty_lock(p, after[p])]:
+        del after[p]
     assert after == before
+    return lines[0]
+
+
+def _empty_lock(path: str, entry: tuple[bool, int, int, int]) -> bool:
+    """An empty `<storage>.lock` (flock only): open_storage takes it before it reads a storage
+    file, so that workers starting together create the tables once; it holds no data."""
+    return path.endswith(".lock") and not entry[0] and entry[1] == 0
 
 
 def test_every_option_is_checked() -> None:
@@ -367,3 +829,412 @@ def test_layout_parse_refuses_what_the_cli_refuses(text: str) -> None:
 
     with pytest.raises(UserError, match="layout"):
         ParallelLayout.parse(text, 8)
+
+
+# --------------------------------------------------------------------------------------------
+# Generated: each class of bad input of issue 19, over every place it can come in
+# --------------------------------------------------------------------------------------------
+
+
+def _bad_values(least: int) -> list[tuple[str, object]]:
+    from tuner.models import MAX_COUNT
+
+    return [
+        ("below", least - 1),
+        ("fraction", 2.5),
+        ("bool", True),
+        ("text", "8"),
+        ("list", [8]),
+        ("above", MAX_COUNT + 1),
+    ]
+
+
+def _config_cases() -> list[tuple[str, dict[str, object], str]]:
+    from tuner.models import CONFIG_COUNTS, CONFIG_FLAGS
+
+    cases = [
+        (f"{key}-{kind}", {key: value}, f"{key} is ")
+        for key, least in CONFIG_COUNTS.items()
+        for kind, value in _bad_values(least)
+    ]
+    cases += [
+        (f"{key}-{kind}", {key: value}, f"{key} is {json.dumps(value)}, not true or false")
+        for key in CONFIG_FLAGS
+        for kind, value in (("text", "yes"), ("number", 1), ("list", [True]))
+    ]
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"), [c[1:] for c in _config_cases()], ids=[c[0] for c in _config_cases()]
+)
+def test_every_config_json_value_is_checked(
+    fields: dict[str, object],
+    fragment: str,
+    leaderboards: Path,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every count and switch the config.json reader may use (models.CONFIG_COUNTS and
+    CONFIG_FLAGS) is refused when it is not a whole JSON number in its range, or not true or
+    false: 0 heads divided by zero, Infinity overflowed, 27.9 and true were read as 27 and 1."""
+    setup = _config_json(_config(**fields))
+    _assert_refused(EC, fragment, setup, leaderboards, workdir, monkeypatch, capsys)
+
+
+INPUT_PATHS: list[tuple[str, list[str], int]] = [
+    ("run --model", ["--model", "{}", "--gpus", "8", "--trials", "1", "--no-progress"], 4 << 20),
+    ("estimate --model", [*EC[:2], "{}", *EC[3:]], 4 << 20),
+    ("run --profile", [*R, "--profile", "{}"], 16 << 20),
+    ("estimate --profile", [*E, "--layout", "tp2", "--profile", "{}"], 16 << 20),
+    ("show", ["show", "{}"], 512 << 20),
+    ("show second", ["show", GOOD, "{}"], 512 << 20),
+    ("export", ["export", "{}"], 512 << 20),
+    ("plot", ["plot", "{}"], 512 << 20),
+    ("report", ["report", "{}"], 512 << 20),
+    ("report --reference", ["report", GOOD, "--reference", "{}"], 512 << 20),
+    ("calibrate", ["calibrate", "{}", "--dry-run"], 512 << 20),
+    ("calibrate --start", ["calibrate", GOOD, "--start", "{}", "--dry-run"], 16 << 20),
+]
+"""Every option or argument that names a file tune reads, the file's largest size."""
+INPUT_KINDS: list[tuple[str, Callable[[str, int], Setup], str]] = [
+    ("fifo", lambda name, _size: _fifo(name), "is a pipe (fifo)"),
+    ("huge", lambda name, size: _sparse(name, size + 1), "MiB, more than the"),
+    ("folder", lambda name, _size: _dir(name), "is a folder"),
+    ("loop", lambda name, _size: _loop(name), "symbolic link loop"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "kind", "size"),
+    [(a, k, n) for _, a, n in INPUT_PATHS for k in INPUT_KINDS],
+    ids=[f"{where}-{k[0]}" for where, _, _ in INPUT_PATHS for k in INPUT_KINDS],
+)
+def test_every_input_path_is_a_bounded_regular_file(
+    argv: list[str],
+    kind: tuple[str, Callable[[str, int], Setup], str],
+    size: int,
+    leaderboards: Path,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each file tune reads is refused, at once and unchanged, when it is a pipe (reading one
+    blocked for good), a file over its size cap (/dev/zero grew without bound), a folder or a
+    symbolic link loop."""
+    name = "in.json"
+    kind_name, make, fragment = kind
+    model = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--model"]
+    if model == ["{}"] and kind_name in ("loop", "folder"):
+        fragment = "no config.json at"  # --model takes a folder holding one, or a file
+    args = [a.replace("{}", name) for a in argv]
+    _assert_refused(args, fragment, make(name, size), leaderboards, workdir, monkeypatch, capsys)
+
+
+def test_devices_are_refused_as_input(
+    leaderboards: Path,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A device wherever a file is read (/dev/null here: /dev/zero, endless, is read in a
+    process of bounded memory by the next test)."""
+    for _, argv, _ in INPUT_PATHS:
+        args = [a.replace("{}", "/dev/null") for a in argv]
+        _assert_refused(
+            args, "/dev/null is a device", _none, leaderboards, workdir, monkeypatch, capsys
+        )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["show", "/dev/zero"], ["estimate", "--model", "/dev/zero", "--gpus", "8", "--layout", "tp2"]],
+)
+def test_dev_zero_is_refused_at_once(argv: list[str], workdir: Path) -> None:
+    """`--model /dev/zero` and `tune show /dev/zero` read without bound until the kernel killed
+    the process; here in a process whose address space is capped (4 GiB), so that a reader that
+    regresses fails this test instead of exhausting the machine."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tuner", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=workdir,
+        preexec_fn=cap,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        f"tune: error: {'csv' if argv[0] == 'show' else 'model config'} /dev/zero is a device: "
+        "pass a regular file"
+    ]
+
+
+NUMERIC_CELLS = [("tokens_per_s_per_gpu", "inf"), ("step_s", "-inf"), ("peak_mem_gib", "nan")]
+NUMERIC_CELLS += [("tp", "1e999"), ("pred_step_s", "Infinity"), ("mfu_pct", "fast")]
+
+
+@pytest.mark.parametrize("command", ["show", "plot", "export", "report", "calibrate"])
+@pytest.mark.parametrize(("column", "value"), NUMERIC_CELLS)
+def test_every_leaderboard_number_is_finite(
+    command: str,
+    column: str,
+    value: str,
+    leaderboards: Path,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A leaderboard cell of a numeric column that is not a finite number (an inf throughput
+    was ranked first; `tune plot` crashed on it) is refused by every command, naming the line
+    and the column."""
+    argv = [command, "bad.csv", *(["--dry-run"] if command == "calibrate" else [])]
+    fragment = f"bad.csv line 2: {column} {value!r} is not a finite number"
+    setup = _cell("bad.csv", column, value)
+    _assert_refused(argv, fragment, setup, leaderboards, workdir, monkeypatch, capsys)
+
+
+OUTPUTS: list[tuple[str, list[str], str]] = [
+    ("report -o", ["report", GOOD, "-o", "{}"], ".html"),
+    ("plot --out", ["plot", GOOD, "--out", "{}"], ".png"),
+    ("plot --out svg", ["plot", GOOD, "--out", "{}"], ".svg"),
+    ("calibrate --out", ["calibrate", GOOD, "--out", "{}"], ".json"),
+]
+"""Every option naming a file a command writes over, and the kind it writes."""
+TARGETS: list[tuple[str, Callable[[str], Setup], str]] = [
+    ("optuna-storage", lambda name: _optuna_sqlite(name), "is an SQLite database"),
+    ("other-sqlite", lambda name: _foreign_sqlite(name), "is an SQLite database"),
+    ("leaderboard", lambda name: _cell(name, "reason", ""), "is a file this command reads"),
+    ("text", lambda name: _file(name, "my notes\n"), "is a file of another kind"),
+    ("fifo", lambda name: _fifo(name), "is not a regular file"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "suffix", "target"),
+    [(a, x, t) for _, a, x in OUTPUTS for t in TARGETS],
+    ids=[f"{w}-{t[0]}" for w, _, _ in OUTPUTS for t in TARGETS],
+)
+def test_no_output_replaces_an_input_a_storage_or_another_file(
+    argv: list[str],
+    suffix: str,
+    target: tuple[str, Callable[[str], Setup], str],
+    leaderboards: Path,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`tune report X -o results/studies.sqlite3` overwrote the storage with HTML and exited 0.
+    An output is never a file the command reads, and where a file is there it must be of the
+    kind the command writes."""
+    kind, make, fragment = target
+    name = f"t{suffix}"
+    args = [a.replace("{}", name) for a in argv]
+    if kind == "leaderboard":  # the command reads the very file it would write
+        args = [name if a == GOOD else a for a in args]
+    _assert_refused(args, fragment, make(name), leaderboards, workdir, monkeypatch, capsys)
+
+
+def test_an_output_of_its_own_kind_is_replaced(
+    leaderboards: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard lets a command rewrite what it wrote before (the report's content is not
+    what this tests: a stand-in keeps it fast)."""
+    monkeypatch.setattr("tuner.report.build_report", lambda *_a, **_k: "<!DOCTYPE html>\n")
+    shutil.copy(leaderboards / GOOD, workdir / GOOD)
+    (workdir / "r.html").write_text("<!DOCTYPE html>\n<html><body>an old report</body></html>\n")
+    assert main(["report", GOOD, "-o", "r.html"]) == 0
+    assert "an old report" not in (workdir / "r.html").read_text()
+    assert main(["plot", GOOD, "--out", "p.png"]) == 0
+    assert main(["plot", GOOD, "--out", "p.png"]) == 0
+
+
+def _runner_options() -> list[tuple[str, list[str], str]]:
+    """Each option of the `verl runner` group with a value that is not its default, and the
+    launcher its help names (`--launcher ray: ...`), from the parser itself."""
+    import re
+
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    run = sub.choices["run"]  # type: ignore[attr-defined]
+    out = []
+    for group in run._action_groups:
+        if not (group.title or "").startswith("verl runner"):
+            continue
+        for a in group._group_actions:
+            flag = a.option_strings[0]
+            if a.nargs == 0:
+                given = [flag]
+            elif a.choices:
+                given = [flag, next(c for c in a.choices if c != a.default)]
+            else:
+                given = [flag, "x=y"]
+            m = re.match(r"--launcher (\w+):", a.help or "")
+            out.append((flag, given, m.group(1) if m else ""))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("flag", "given", "launcher"), _runner_options(), ids=[o[0] for o in _runner_options()]
+)
+def test_runner_options_need_their_runner(
+    flag: str,
+    given: list[str],
+    launcher: str,
+    leaderboards: Path,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A verl-runner option under another runner (`--ray-address` with the estimator), and a
+    launcher's option under another launcher, was ignored without a word."""
+    for runner in ("auto", "estimate", "megatron"):
+        argv = [*R, "--runner", runner, *given]
+        fragment = f"{flag} applies to --runner verl only, not --runner {runner}"
+        _assert_refused(argv, fragment, _none, leaderboards, workdir, monkeypatch, capsys)
+    if launcher:
+        other = "local" if launcher != "local" else "ray"
+        argv = [*R, "--runner", "verl", "--launcher", other, *given]
+        if flag == "--launcher":
+            return
+        fragment = f"{flag} applies to --launcher {launcher} only, not --launcher {other}"
+        _assert_refused(argv, fragment, _none, leaderboards, workdir, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://user:s3cret@localhost:1/db",
+        "postgresql+psycopg2://user:s3cret@db.example:5432/optuna",
+        "mysql://root:s3cret@127.0.0.1/optuna",
+        "mysql+pymysql://u:s3cret@h/o?charset=utf8",
+    ],
+)
+def test_no_password_is_printed(
+    url: str,
+    leaderboards: Path,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An error about a server storage names it without its password (printed lines end in
+    terminals, logs and bug reports)."""
+    argv = [*R, "--storage", url]
+    line = _assert_refused(argv, ":***@", _none, leaderboards, workdir, monkeypatch, capsys)
+    assert "s3cret" not in line
+
+
+def test_a_report_names_no_password(leaderboards: Path, workdir: Path) -> None:
+    """`tune report --storage postgresql://user:pass@...` wrote the password into the HTML
+    (where the storage could not be opened, and where it could)."""
+    shutil.copy(leaderboards / GOOD, workdir / GOOD)
+    url = "postgresql://user:s3cret@localhost:1/db"
+    assert main(["report", GOOD, "--storage", url, "-o", "r.html"]) == 0
+    html = (workdir / "r.html").read_text()
+    assert "s3cret" not in html and "postgresql://user:***@localhost:1/db" in html
+
+
+def test_length_sampler_is_fast_for_any_cap() -> None:
+    """--response-len 100000000 hung: the sampler moved one token per pass over the batch to
+    meet the mean; the remainder is now spread in one sort (tests/test_lengths.py: the same
+    lengths as before)."""
+    from tuner.lengths import draw_response_lengths
+
+    out = _within(5, lambda: len(draw_response_lengths(8192, max_len=10**8, mean_len=15e6, seed=1)))
+    assert out == 8192
+
+
+def test_estimate_json_is_json(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tune estimate --json` of a configuration that cannot fit printed `"step_s": Infinity`,
+    which strict JSON readers refuse: null instead."""
+    argv = [*E, "--layout", "tp2", "--response-len", "100000000", "--json"]
+    assert _within(SECONDS, main, argv) == 0
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} in the output")
+
+    d = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert d["step_s"] is None
+
+
+def test_no_layout_fits_is_exit_2(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU count no layout fits ended with exit 0 and "no trial finished ok"; the README
+    promises exit 2 and one line (the study's pruned rows stay, saying why each did not fit)."""
+    import tuner.study.loop
+
+    monkeypatch.setattr(tuner.study.loop, "MAX_CONSECUTIVE_UNFIT", 5)
+    argv = ["--model", "llama3.1-70b", "--gpus", "1", "--no-progress", "--no-warm-start"]
+    assert _within(SECONDS, main, argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "were predicted not to fit a h100" in lines[0], lines
+
+
+def test_a_bom_copy_of_a_leaderboard_is_read(leaderboards: Path, workdir: Path) -> None:
+    """A leaderboard saved by a spreadsheet starts with a UTF-8 byte order mark: it was
+    refused as 'neither a verl-tuner leaderboard nor a reference CSV'."""
+    (workdir / "bom.csv").write_bytes(b"\xef\xbb\xbf" + (leaderboards / GOOD).read_bytes())
+    for argv in (["show", "bom.csv"], ["export", "bom.csv"], ["plot", "bom.csv"]):
+        assert main(argv) == 0, argv
+
+
+def test_the_storage_failing_mid_study_is_one_line_naming_it(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SQLite's 'database or disk is full' mid-study (raised through sqlalchemy and Optuna)
+    was a traceback; one line now, naming the storage."""
+    import optuna
+    import sqlalchemy.exc
+
+    import tuner.study
+
+    def full(*_a: object, **_k: object) -> None:
+        cause = sqlite3.OperationalError("database or disk is full")
+        try:
+            raise sqlalchemy.exc.OperationalError("INSERT", {}, cause)
+        except sqlalchemy.exc.OperationalError as e:
+            raise optuna.exceptions.StorageInternalError("commit failed") from e
+
+    monkeypatch.setattr(tuner.study, "run_study", full)
+    assert main(R) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and "studies.sqlite3: the disk is full: free space" in line, line
+
+
+def test_a_full_disk_names_the_file(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write's ENOSPC carries no file name ('No space left on device: the disk is full'
+    said not where): write_atomic names the file it was writing."""
+    import errno
+
+    from tuner.cli_args import os_error_line
+    from tuner.fileio import write_atomic
+
+    def full(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as e:
+        write_atomic(workdir / "results" / "x.csv", "a\n")
+    assert os_error_line(e.value).startswith(f"{workdir / 'results' / 'x.csv'}: No space left")
+    assert not (workdir / "results" / "x.csv").exists()
+
+
+def test_stdout_closed_is_one_line(workdir: Path) -> None:
+    """`tune models >&-` was an AttributeError traceback."""
+    out = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m tuner models >&-'],
+        capture_output=False,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        cwd=workdir,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "tune: error: stdout is closed: run tune with its output open, e.g. > tune.out"
+    ]

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tuner.errors import UserError
+from tuner.errors import UserError, redact
 from tuner.fileio import CSV_MAX_BYTES, JSON_MAX_BYTES, check_input_file, read_input
 
 MAX_NAME_CHARS = 100
@@ -452,8 +452,7 @@ def _check_estimate(args: argparse.Namespace) -> None:
 
 
 def _check_calibrate(args: argparse.Namespace) -> None:
-    for path in args.csv:
-        check_readable_file(path, "csv")
+    _check_leaderboards(args)
     if args.start is not None:
         check_readable_file(args.start, "--start", JSON_MAX_BYTES)
     if args.gpu is not None:
@@ -553,15 +552,6 @@ _HINTS = {
 }
 
 
-_SECRET_RE = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^@\s]*@")
-
-
-def redact(text: str) -> str:
-    """`text` with the password of every URL in it (`postgresql://user:pass@host`) replaced
-    by `***`: messages quote storage URLs, and terminals and logs keep what is printed."""
-    return _SECRET_RE.sub(r"\1:***@", text)
-
-
 def error_line(e: BaseException) -> str:
     """A UserError's message as the one line `tune` prints: on one line, no password."""
     return redact(one_line(e))
@@ -578,7 +568,7 @@ def os_error_line(e: OSError) -> str:
 
 _STORAGE_FAILURES = {
     "disk is full": "the disk is full: free space or pass --storage on another disk",
-    "disk I/O error": "the disk failed a write: check the disk, or pass --storage on another",
+    "disk I/O error": "a disk I/O error: check the disk, or pass --storage on another",
     "readonly database": "it became read-only: make it writable or pass --storage elsewhere",
     "unable to open database file": "it cannot be opened: check the path and its permissions",
 }
@@ -587,13 +577,17 @@ _STORAGE_FAILURES = {
 def storage_failure_line(e: BaseException, url: str) -> str | None:
     """A storage that fails inside a study (SQLite's `database or disk is full`, raised by
     sqlalchemy or sqlite3) as one line naming the storage; None for any other error."""
-    if "OperationalError" not in type(e).__name__ and "DatabaseError" not in type(e).__name__:
-        return None
-    text = str(e)
-    for key, hint in _STORAGE_FAILURES.items():
-        if key in text:
-            where = url.removeprefix("sqlite:///")
-            return f"storage {redact(where)}: {key}: {hint}"
+    seen: BaseException | None = e
+    for _ in range(8):  # Optuna wraps sqlalchemy's error, which wraps sqlite3's
+        if seen is None:
+            return None
+        if type(seen).__name__ in ("OperationalError", "DatabaseError"):
+            text = str(seen)
+            for key, hint in _STORAGE_FAILURES.items():
+                if key in text:
+                    where = url.removeprefix("sqlite:///")
+                    return f"storage {redact(where)}: {hint}"
+        seen = seen.__cause__ or seen.__context__
     return None
 
 

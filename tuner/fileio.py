@@ -8,6 +8,7 @@ that `tempfile.mkstemp` creates."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -82,7 +83,8 @@ def check_input_file(path: Path | str, what: str, max_bytes: int) -> int:
     except FileNotFoundError:
         raise UserError(f"{what}: no file at {path}: check the path") from None
     except OSError as e:  # a symbolic link loop, a name too long, a file in the way
-        raise UserError(f"{what} {path}: {e.strerror or e}: pass another path") from None
+        why = "a symbolic link loop" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise UserError(f"{what} {path}: {why}: pass another path") from None
     if not stat.S_ISREG(st.st_mode):
         hint = "pass a file in it" if stat.S_ISDIR(st.st_mode) else "pass a regular file"
         raise UserError(f"{what} {path} is {_kind(st.st_mode)}: {hint}")

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from tuner import plots
-from tuner.errors import UserError
+from tuner.errors import UserError, redact
 from tuner.leaderboard import (
     PREDICTED_PRUNED,
     REFERENCE_FILES,
@@ -543,7 +543,7 @@ def _open_study(s: Study, storage: str | None) -> tuple[Any, str, str]:
             url = c
             break
     if not url:
-        tried = " or ".join(_e(c) for c in candidates)
+        tried = " or ".join(_e(redact(c)) for c in candidates)
         return (
             None,
             f"No Optuna storage found ({tried} does not exist here): pass <code>--storage</code> "
@@ -558,10 +558,10 @@ def _open_study(s: Study, storage: str | None) -> tuple[Any, str, str]:
     try:
         st = optuna.load_study(study_name=name, storage=open_storage(url))
     except KeyError:
-        return None, f"The storage {_e(url)} holds no study named {_e(name)}.", ""
+        return None, f"The storage {_e(redact(url))} holds no study named {_e(name)}.", ""
     except UserError as e:
-        return None, _e(str(e)), ""
-    return st, f"Study {_e(name)} in {_e(url)}.", url
+        return None, _e(redact(str(e))), ""
+    return st, f"Study {_e(name)} in {_e(redact(url))}.", url
 
 
 def importance_study(trials: Sequence[Any]) -> tuple[Any, list[str]]:
