@@ -92,3 +92,48 @@ def test_study_with_hand_grid_runs_each_grid_candidate_once_first(tmp_path: Path
     run_study(req)
     again = [r for r in read_raw(req.csv_path) if r["origin"].startswith(HAND_GRID_ORIGIN)]
     assert len(again) == n
+
+
+def test_verl_example_is_scaled_to_the_gpus_and_survives_sampling() -> None:
+    from tuner.study.grid import verl_example, verl_example_params
+
+    got = verl_example(_space("qwen2.5-7b", 8, EstimateRunner()))
+    assert got is not None
+    c, origin = got
+    assert (c.layout.tp, c.layout.pp, c.rollout_tp) == (2, 2, 2)
+    assert (c.use_dynamic_bsz, c.ppo_micro_batch_size_per_gpu, c.gpu_memory_utilization) == (
+        False,
+        4,
+        0.6,
+    )
+    assert origin.startswith("hand: verl example") and "tp2pp2" in origin
+    one = _space("qwen2.5-7b", 1, EstimateRunner())
+    ((params, _),) = verl_example_params(one)
+    back = sample(optuna.trial.FixedTrial(params), one)
+    assert (back.layout.world, back.ppo_micro_batch_size_per_gpu, back.use_dynamic_bsz) == (
+        1,
+        4,
+        False,
+    )
+
+
+def test_the_verl_example_is_launched_even_where_predicted_not_to_fit(workdir: Path) -> None:
+    """What a user writes by hand is measured, not pruned: Qwen2.5-7B on one H100 is predicted
+    not to fit, and its row is the runner's result (the estimator's oom), not a prune."""
+    m = get_model("qwen2.5-7b")
+    req = TuneRequest(
+        model=m,
+        model_arg="qwen2.5-7b",
+        cluster=Cluster(gpu=get_gpu("h100"), num_gpus=1),
+        workload=WORKLOAD,
+        runner=EstimateRunner(),
+        trials=1,
+        warm_start=False,
+        verl_example=True,
+        results_dir=workdir / "results",
+    )
+    run_study(req)
+    (row,) = read_raw(req.csv_path)
+    assert row["origin"].startswith("hand: verl example")
+    assert row["status"] == "oom" and row["source"] == "estimate"
+    assert row["pred_fits"] == "False"

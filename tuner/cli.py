@@ -19,6 +19,7 @@ from typing import Any
 
 from tuner.cli_args import (
     OneLineParser,
+    env_assignment,
     error_line,
     fraction,
     layout_text,
@@ -32,6 +33,7 @@ from tuner.cli_args import (
     seed,
     study_name,
     validate,
+    verl_override_text,
 )
 from tuner.errors import UserError
 
@@ -126,6 +128,7 @@ def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
         "--verl-override",
         action="append",
         default=[],
+        type=verl_override_text,
         metavar="KEY=VALUE",
         help="another verl Hydra override for every trial (repeatable), checked against verl's "
         "own config before anything launches; recorded in each row and the recipe",
@@ -134,6 +137,7 @@ def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
         "--verl-env",
         action="append",
         default=[],
+        type=env_assignment,
         metavar="NAME=VALUE",
         help="an environment variable for every trial (repeatable); recorded in each row and "
         "the recipe (the preflight adds what the host needs, e.g. VLLM_USE_FLASHINFER_SAMPLER=0 "
@@ -223,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also measure what a user would try by hand (plain layouts x recompute none/full "
         "x token budget 1x/2x; rows say origin=hand grid), so the leaderboard states the tuned "
         "best against the hand best",
+    )
+    g.add_argument(
+        "--verl-example",
+        action="store_true",
+        help="also measure verl's own Megatron GRPO example (examples/grpo_trainer/"
+        "run_qwen2-7b_math_megatron.sh) scaled to --gpus, first (origin=hand: verl example)",
     )
     g.add_argument("--results-dir", type=path_text, default=Path("results"))
     g.add_argument("--recipes-dir", type=path_text, default=Path("recipes"))

@@ -82,6 +82,31 @@ def positive_int(text: str) -> int:
     return v
 
 
+def verl_override_text(text: str) -> str:
+    """`KEY=VALUE`, a Hydra override of verl's config (the keys are checked against verl's own
+    config by the verl runner's preflight)."""
+    from tuner.errors import UserError
+    from tuner.verl_settings import split_override
+
+    try:
+        split_override(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
+    return text
+
+
+def env_assignment(text: str) -> str:
+    """`NAME=VALUE`, a variable for every verl trial and its recipe."""
+    from tuner.errors import UserError
+    from tuner.verl_settings import split_env
+
+    try:
+        split_env(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
+    return text
+
+
 def non_negative_int(text: str) -> int:
     """A whole number >= 0 (--recipes 0 writes none; trial numbers start at 0)."""
     v = _whole(text)

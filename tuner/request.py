@@ -103,6 +103,7 @@ def build_request(args: argparse.Namespace, setup: Setup, runner: Any) -> Any:
         seed=args.seed,
         warm_start=not args.no_warm_start,
         hand_grid=args.hand_grid,
+        verl_example=getattr(args, "verl_example", False),
         profile=load_profile(args.profile),
         **extra,
     )

@@ -122,6 +122,7 @@ def test_torn_last_line_and_missing_step(tmp_path: Path, verl_run: tuple[Path, s
         ("oom_update_actor.log", Status.OOM, "oom", "update_actor", "tried to allocate 3.71 GiB"),
         ("oom_ref.log", Status.OOM, "oom", "ref", "CUDA OOM in ref"),
         ("oom_vllm_kv.log", Status.OOM, "oom", "gen", "KV cache"),
+        ("oom_vllm_wake_up.log", Status.OOM, "oom", "update_weights", "CUDA Error: out of"),
         ("ray_host_oom.log", Status.OOM, "host-oom", "", "host memory"),
         ("nccl_timeout.log", Status.FAILED, "nccl-timeout", "", "Watchdog caught collective"),
         ("nccl_error.log", Status.FAILED, "nccl-error", "", "unhandled system error"),

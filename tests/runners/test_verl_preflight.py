@@ -6,6 +6,7 @@ them, put first on PYTHONPATH), then the CLI: exit 2, one line, no file written.
 from __future__ import annotations
 
 import importlib.util
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -92,7 +93,8 @@ def test_a_complete_host_passes_and_says_what_trials_need(host) -> None:
     pf = preflight(sys.executable, VerlSettings(bridge="mbridge"))
     assert pf.versions["verl"] == "0.9.1" and pf.versions["vllm"] == "0.24.0"
     assert pf.env == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}  # no flashinfer on this host
-    assert pf.pinned == (("attention_backend", "auto"),)  # no flash_attn either
+    # no flash_attn, no APEX extension either
+    assert pf.pinned == (("attention_backend", "auto"), ("gradient_accumulation_fusion", False))
     assert "megatron-core=0.19.2" in pf.versions_text
 
 
@@ -170,11 +172,21 @@ def test_settings_round_trip_through_a_row_and_into_the_command() -> None:
 
 
 def test_cli_refuses_an_unknown_override_key_before_anything(
-    host, workdir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    host,
+    workdir: Path,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The issue's user: --runner verl with an unknown --verl-override is exit 2 and one line,
-    and no results folder, storage or trial exists afterwards."""
+    and no results folder, storage or trial exists afterwards (a stand-in nvidia-smi shows the
+    one GPU asked for)."""
     host()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
     model = tmp_path / "model"
     model.mkdir()
     before = sorted(p.name for p in workdir.iterdir())

@@ -197,3 +197,30 @@ def test_cli_passes_the_verl_options(monkeypatch: pytest.MonkeyPatch, workdir: P
     assert seen["slurm_args"] == ["--qos=high"]
     assert seen["slurm_setup"] == "source /venv/bin/activate"
     assert verl_command.CONFIG_NAME == "ppo_megatron_trainer"
+
+
+# --------------------------------------------------------------------------------------------
+# Wall time and device memory of a trial
+# --------------------------------------------------------------------------------------------
+
+
+def test_wall_time_splits_into_start_up_warm_up_and_the_measured_step() -> None:
+    from tuner.runners.verl import split_wall_time
+
+    steps = {s: {"timing_s/step": 40.0 + s} for s in (1, 2, 3)}
+    extra: dict[str, object] = {}
+    out = split_wall_time(steps, 3, 400.0, extra)
+    assert out == {"measured_s": 43.0, "launch_s": 400.0 - 41 - 42 - 43}
+    assert extra["warmup_s"] == 83.0
+    assert split_wall_time({1: {"timing_s/step": 1.0}}, 3, 400.0, {}) == {}
+
+
+def test_device_peak_is_the_largest_sample_of_any_gpu(tmp_path: Path) -> None:
+    from tuner.runners.verl import read_device_peak
+
+    f = tmp_path / "device-memory.csv"
+    f.write_text("0, 1024\n1, 80399\n0, 2048\ngarbage\n1, \n")
+    assert read_device_peak(f) == round(80399 / 1024, 3)
+    assert read_device_peak(tmp_path / "none.csv") is None
+    f.write_text("")
+    assert read_device_peak(f) is None

@@ -13,8 +13,11 @@ One trial, in order (each step a plain function of the previous one's output):
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
+import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -281,7 +284,8 @@ class VerlRunner(Runner):
             prologue=probe_line(self.python),
             workdir=trial_dir,
         )
-        res = self.launcher.launch(job)
+        with DeviceMemorySampler(trial_dir / SMI_LOG, enabled=self.launcher.name == "local"):
+            res = self.launcher.launch(job)
         metrics_file = verl_command.metrics_path(
             trial_dir, experiment_name(c, spec.model, spec.cluster)
         )
@@ -316,8 +320,13 @@ class VerlRunner(Runner):
             "versions": _versions(head),
             "log_path": str(res.log_path),
         }
+        device = read_device_peak(spec.trial_dir.resolve() / SMI_LOG)
+        if device is not None:
+            common["peak_mem_device_gib"] = device
+            extra["device_mem_sampled"] = "nvidia-smi"
         if got is not None:
             extra.update(got.extra, metrics=source, step=got.step)
+            common.update(split_wall_time(steps, self.steps, res.duration_s, extra))
             reason = ""
             if res.timed_out:
                 reason = f"step {got.step} measured; the run was stopped at the timeout"
@@ -363,6 +372,76 @@ class VerlRunner(Runner):
         found = _GPU.findall(log)
         name = found[-1].strip() if found else f"{cl.gpu.name} (as requested)"
         return f"{cl.num_gpus}x {name}"
+
+
+SMI_LOG = "device-memory.csv"
+SMI_PERIOD_MS = 500
+
+
+class DeviceMemorySampler:
+    """Device memory in use on this node's GPUs, sampled by nvidia-smi every SMI_PERIOD_MS
+    while a local trial runs: the CUDA contexts, NCCL and the colocated vLLM engine included,
+    which verl's own `perf/max_memory_*` (the actor process's PyTorch allocator) leave out."""
+
+    def __init__(self, path: Path, *, enabled: bool) -> None:
+        self.path, self.enabled = path, enabled
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> DeviceMemorySampler:
+        if self.enabled and shutil.which("nvidia-smi"):
+            with contextlib.suppress(OSError):
+                out = open(self.path, "wb")  # noqa: SIM115 - closed with the process
+                self._proc = subprocess.Popen(
+                    [
+                        "nvidia-smi",
+                        "--query-gpu=index,memory.used",
+                        "--format=csv,noheader,nounits",
+                        f"-lms={SMI_PERIOD_MS}",
+                    ],
+                    stdout=out,
+                    stderr=subprocess.DEVNULL,
+                    stdin=subprocess.DEVNULL,
+                )
+                out.close()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+
+
+def read_device_peak(path: Path) -> float | None:
+    """The largest `memory.used` (MiB) of any GPU in a sampler file, in GiB; None if none."""
+    peak = -1.0
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2:
+            with contextlib.suppress(ValueError):
+                peak = max(peak, float(parts[1]))
+    return round(peak / 1024, 3) if peak >= 0 else None
+
+
+def split_wall_time(
+    steps: dict[int, dict[str, float]], measured_step: int, duration_s: float, extra: dict
+) -> dict[str, float]:
+    """The trial's wall time in start-up (launch to the first step: Ray, the vLLM server,
+    Megatron, weights; teardown included), warm-up steps and the measured step, from verl's
+    `timing_s/step` of each step. `launch_s` and `measured_s` fields; warm-up into `extra`."""
+    times = {s: d["timing_s/step"] for s, d in steps.items() if "timing_s/step" in d}
+    if measured_step not in times:
+        return {}
+    warmup = sum(t for s, t in times.items() if s < measured_step)
+    extra["warmup_s"] = round(warmup, 1)
+    out = {"measured_s": times[measured_step]}
+    if duration_s > 0:
+        out["launch_s"] = max(0.0, duration_s - sum(times.values()))
+    return out
 
 
 def _versions(log: str) -> str:

@@ -185,7 +185,7 @@ PHASE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 _CUDA_OOM = re.compile(
-    r"CUDA out of memory|torch\.(?:cuda\.)?OutOfMemoryError:|CUDA error: out of memory"
+    r"CUDA out of memory|torch\.(?:cuda\.)?OutOfMemoryError:|CUDA [Ee]rror: out of memory"
     r"|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
 )
 _KV_OOM = re.compile(
@@ -218,17 +218,23 @@ _CONFIG = re.compile(
     r"|omegaconf\.errors\.\w+|hydra\.errors\.\w+|ConfigCompositionException|MissingMandatoryValue"
     r"|Error merging override|in validate_config|LexerNoViableAltException"
 )
-_EXC_LINE = re.compile(r"^(?:[\w.]+\.)?(?:[A-Z]\w*(?:Error|Exception|Exit)|KeyboardInterrupt)\b.*")
+_EXC_LINE = re.compile(
+    r"^(?:[\w.]+\.)?(?:(?:[A-Z]\w*)?(?:Error|Exception|Exit)|KeyboardInterrupt)(?:\(\w+\))?(?::|$).*"
+)
+_LOG_PREFIX = re.compile(
+    r"^(?:\(\w+ pid=\d+(?:, ip=[\d.]+)?\)\s*)+"
+    r"(?:(?:ERROR|WARNING|INFO|DEBUG) \S+ \S+ \[[^\]]+\]\s*)?"
+)
+"""Ray's `(Actor pid=N)` prefixes, nested (vLLM's workers under its server), and vLLM's own
+`ERROR <date> <time> [file:line]` header."""
 
 
 def _block_before(lines: list[str], i: int) -> list[str]:
     """The traceback that ends at line i: back to the nearest 'Traceback' header."""
-    start = 0
     for j in range(i, -1, -1):
-        if lines[j].startswith("Traceback (most recent call last)"):
-            start = j
-            break
-    return lines[start : i + 1]
+        if _LOG_PREFIX.sub("", lines[j]).startswith("Traceback (most recent call last)"):
+            return lines[j : i + 1]
+    return []  # a line outside any traceback (vLLM's allocator prints its own)
 
 
 def _phase(block: list[str]) -> str:
@@ -247,7 +253,7 @@ def _first(lines: list[str], pattern: re.Pattern[str]) -> int | None:
 
 
 def _short(line: str, limit: int = 200) -> str:
-    line = re.sub(r"^\(\w+ pid=\d+(?:, ip=[\d.]+)?\)\s*", "", line.strip())
+    line = _LOG_PREFIX.sub("", line.strip())
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
@@ -321,7 +327,8 @@ def classify(text: str) -> Failure | None:
         )
     i = _first(lines, _CUDA_OOM)
     if i is not None:
-        phase = _phase(_block_before(lines, i)) or "unknown phase"
+        # the traceback that ends there, else what the driver's wrappers name after it
+        phase = _phase(_block_before(lines, i)) or _phase(lines[i:]) or "unknown phase"
         return Failure(
             status=Status.OOM,
             kind="oom",

@@ -138,8 +138,14 @@ def interpret(found: dict, settings: VerlSettings) -> Preflight:
     pinned: tuple[tuple[str, Any], ...] = ()
     notes: list[str] = []
     if not optional.get("flash_attn"):
-        pinned = (("attention_backend", "auto"),)
+        pinned += (("attention_backend", "auto"),)
         notes.append("flash_attn is not installed: attention_backend pinned to auto")
+    if not optional.get("apex_wgrad"):
+        pinned += (("gradient_accumulation_fusion", False),)
+        notes.append(
+            "APEX's fused_weight_gradient_mlp_cuda is not installed: "
+            "gradient_accumulation_fusion pinned off"
+        )
     if env:
         notes.append("flashinfer is not installed: trials set VLLM_USE_FLASHINFER_SAMPLER=0")
     return Preflight(

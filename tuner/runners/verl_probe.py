@@ -42,7 +42,14 @@ IMPORTS = {
     "transformer-engine": "transformer_engine.pytorch",
 }
 """What every verl Megatron trial imports (the bridge is added from the arguments)."""
-OPTIONAL = {"flash_attn": "flash_attn", "flashinfer": "flashinfer"}
+OPTIONAL = {
+    "flash_attn": "flash_attn",
+    "flashinfer": "flashinfer",
+    # megatron-core's gradient_accumulation_fusion needs APEX's extension, also with TE layers
+    # (megatron/core/tensor_parallel/layers.py raises "fused_weight_gradient_mlp_cuda module is
+    # not found"; seen failing a verl trial on the lent H100)
+    "apex_wgrad": "fused_weight_gradient_mlp_cuda",
+}
 
 
 def _version(pkg: str) -> str:

@@ -90,3 +90,41 @@ def hand_grid_params(space: SearchSpace) -> list[tuple[dict[str, Any], str]]:
             seen.add(key)
             out.append((p, f"{HAND_GRID_ORIGIN}: {label}"))
     return out
+
+
+VERL_EXAMPLE_ORIGIN = "hand: verl example"
+"""Starts with objective.LAUNCHED_AS_WRITTEN: launched even where predicted not to fit."""
+VERL_EXAMPLE = "examples/grpo_trainer/run_qwen2-7b_math_megatron.sh"
+"""The Megatron GRPO example a verl user starts from (volcengine/verl): actor tp2 pp2 on 8 GPUs,
+rollout tp2, fixed micro-batches of 4 for the update and the log-probs, no recompute or offload
+keys, gpu_memory_utilization 0.6, every other key at verl's default."""
+
+
+def verl_example(space: SearchSpace) -> tuple[Candidate, str] | None:
+    """verl's example scaled to this study's GPUs (its tp2pp2 halved until it fits, rollout TP
+    as the actor's TP); None if that is not valid here."""
+    from tuner.references import scale_layout
+
+    m, cl, w = space.model, space.cluster, space.workload
+    lay = scale_layout("tp2pp2", cl.num_gpus)
+    if lay is None:
+        return None
+    c = Candidate(
+        layout=lay,
+        sequence_parallel=False,
+        recompute_granularity="none",
+        use_dynamic_bsz=False,
+        ppo_micro_batch_size_per_gpu=4,
+        log_prob_micro_batch_size_per_gpu=4,
+        rollout_tp=lay.tp,
+        gpu_memory_utilization=0.6,
+    )
+    if validate(c, m, cl, w):
+        return None
+    return c, f"{VERL_EXAMPLE_ORIGIN} ({VERL_EXAMPLE} as {lay.notation}, rollout tp{lay.tp})"
+
+
+def verl_example_params(space: SearchSpace) -> list[tuple[dict[str, Any], str]]:
+    """The example as (sampler params, origin) for Optuna's enqueue_trial, or nothing."""
+    got = verl_example(space)
+    return [(params_for(got[0], space), got[1])] if got else []

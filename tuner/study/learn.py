@@ -55,6 +55,12 @@ class StudyLearner:
         if rec.launch_s:
             self.launches.append(rec.launch_s)
         pred_mem = rec.pred_device_mem_gib
+        # A verl row has no measure of what is predicted (the training phases' device total):
+        # verl's perf/max_memory_* are the actor's allocator alone (no CUDA context, NCCL or
+        # vLLM) and the sampled device peak includes the rollout engine's reservation. The
+        # guard learns from runners that measure the predicted quantity.
+        if rec.source == "verl":
+            pred_mem = None
         if pred_mem is not None and rec.status in (Status.OK, Status.OOM):
             seen = rec.peak_mem_device_gib or rec.peak_mem_reserved_gib or rec.peak_mem_gib
             if rec.status is Status.OOM:

@@ -19,7 +19,7 @@ from tuner import recipes
 from tuner.errors import UserError
 from tuner.results import Status, TrialRecord, rank, row_of
 from tuner.space import Candidate, SearchSpace, sample
-from tuner.study.grid import hand_grid_params
+from tuner.study.grid import hand_grid_params, verl_example_params
 from tuner.study.learn import SlowerThanBestPruner, StudyLearner, should_stop_for
 from tuner.study.objective import (
     NOT_COPIED,
@@ -49,11 +49,11 @@ from tuner.study.storage import (
 )
 from tuner.study.view import check_leaderboard, write_leaderboard
 from tuner.study.warmstart import WARM_START_ATTR, enqueue_warm_start, warm_start_params
+from tuner.verl_settings import VerlSettings
 
 MAX_CONSECUTIVE_UNFIT = 200
 """Candidates in a row predicted not to fit after which the study gives up (its space does not
 fit the GPUs); they do not count against --trials."""
-from tuner.verl_settings import VerlSettings
 VIEW_EVERY_PRUNED = 25
 """The CSV is rebuilt after every launched trial, and after this many pruned ones (their
 records are in the storage at once; the CSV catches up, at the latest when the study ends)."""
@@ -152,11 +152,12 @@ class _Study:
         with self.lock() as locked_:
             reclaim_interrupted(self.study, locked_)
             if (
-                (req.warm_start or req.hand_grid)
+                (req.warm_start or req.hand_grid or req.verl_example)
                 and not self.study.user_attrs.get(WARM_START_ATTR)
                 and not self.study.get_trials(deepcopy=False)
             ):
-                params = hand_grid_params(self.space) if req.hand_grid else []
+                params = verl_example_params(self.space) if req.verl_example else []
+                params += hand_grid_params(self.space) if req.hand_grid else []
                 if req.warm_start:
                     params += warm_start_params(
                         self.space, req.profile, req.seed, req.runner, headroom_gib=req.headroom_gib

@@ -25,6 +25,9 @@ BACKENDS = {
     "megatron": "megatron-core",
 }
 """What ran, by runner, where the runner's result does not say."""
+LAUNCHED_AS_WRITTEN = "hand: "
+"""Origins of configurations a user writes by hand (verl's own example): launched even where the
+cost model predicts they do not fit, since the comparison is with what the user would run."""
 NOT_COPIED = frozenset({Status.INTERRUPTED, Status.PRUNED_INVALID, Status.PRUNED_OOM})
 """A repeated candidate is not relaunched; its earlier result is copied, unless it was one of
 these (nothing was measured)."""
@@ -120,7 +123,8 @@ def evaluate(
     reasons = validate(c, req.model, req.cluster, req.workload)
     if reasons:
         return TrialResult(status=Status.PRUNED_INVALID, source="tuner", reason="; ".join(reasons))
-    if prop.unfit:
+    hand = str(trial.user_attrs.get("origin", "")).startswith(LAUNCHED_AS_WRITTEN)
+    if prop.unfit and not hand:
         return TrialResult(status=Status.PRUNED_OOM, source="estimate", reason=prop.unfit)
     if same_as is not None and req.runner.name != "estimate":
         return result_of_record(same_as, same_as.trial)

@@ -48,6 +48,9 @@ class TuneRequest:
     """Also measure the hand grid (tuner.study.grid): plain layouts x recompute none/full x
     token budget 1x/2x, enqueued first with origin `hand grid`, so the leaderboard states how
     the tuned best compares with what a user would try by hand."""
+    verl_example: bool = False
+    """Measure verl's own Megatron example (study.grid.VERL_EXAMPLE) scaled to the GPUs first,
+    with `origin=hand: verl example`: the configuration a verl user writes by hand."""
     profile: Profile = field(default_factory=Profile)
 
     def __post_init__(self) -> None:
