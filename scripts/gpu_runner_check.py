@@ -68,6 +68,8 @@ def check_refusals(out: Path) -> dict:
                     recompute_modules="moe_act",
                     moe_grouped_gemm=False,
                 ),
+                # the runner pins moe_grouped_gemm on; the worker's config has it off
+                dict(recompute_granularity="selective", recompute_modules="core_attn,moe_act"),
             ]
             for v in variants:
                 c = Candidate(layout=lay, **v)
@@ -90,9 +92,7 @@ def check_refusals(out: Path) -> dict:
                         max_token_len_per_gpu=1,
                     ),
                 )
-                kw = config_kwargs(spec)
-                if m.is_moe:
-                    kw["moe_grouped_gemm"] = c.moe_grouped_gemm
+                kw = config_kwargs(spec)  # what the worker builds, not the candidate's flags
                 try:
                     TransformerConfig(
                         **kw,

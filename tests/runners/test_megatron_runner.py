@@ -235,3 +235,42 @@ def test_prediction_is_old_log_prob_and_update() -> None:
         e.tokens_per_step / (e.update_actor_s + e.old_log_prob_s) / 2
     )
     assert p.tokens_per_s_per_gpu > e.throughput_tokens_per_s_per_gpu
+
+
+def test_space_offers_no_recompute_module_the_worker_cannot_build() -> None:
+    """Issue 19 item 5: the runner pins moe_grouped_gemm on (its experts are grouped GEMMs) but
+    the worker's TransformerConfig has megatron-core's flag off, which refuses moe_act: such a
+    candidate is refused before a launch and never offered."""
+    import random
+
+    from tuner.runners.megatron_refusals import megatron_refusals, refusals
+    from tuner.runners.megatron_worker.model import CONFIG_MOE_GROUPED_GEMM
+    from tuner.space import RandomSuggester, SearchSpace, sample
+
+    assert CONFIG_MOE_GROUPED_GEMM is False
+    m = get_model("qwen3-30b-moe")
+    cl = Cluster(gpu=get_gpu("h200"), num_gpus=8)
+    lay = ParallelLayout.parse("ep8", 8)
+    pinned = Candidate(
+        layout=lay,
+        recompute_granularity="selective",
+        recompute_modules="core_attn,moe_act",
+        moe_grouped_gemm=True,
+    )
+    assert {r.rule for r in refusals(pinned, m)} == {"moe_act_needs_grouped_gemm"}
+    assert not megatron_refusals(dataclasses.replace(pinned, recompute_modules="core_attn"), m)
+    limits = MegatronRunner().space_limits(m)
+    assert limits.recompute_modules_refused == ("moe_act",)
+    space = SearchSpace(model=m, cluster=cl, workload=get_workload("grpo-short"), limits=limits)
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(300):
+        c = sample(RandomSuggester(rng), space)
+        if c.recompute_granularity == "selective":
+            seen.add(c.recompute_modules)
+            assert "moe_act" not in c.recompute_modules.split(",")
+            assert not [r for r in refusals(c, m) if r.rule == "moe_act_needs_grouped_gemm"]
+    assert "moe" in seen  # the other MoE sets are still offered
+    # a dense model's space (no MoE module offered) keeps its fingerprint
+    dense = get_model("qwen2.5-7b")
+    assert MegatronRunner().space_limits(dense).recompute_modules_refused == ()

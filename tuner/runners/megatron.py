@@ -47,7 +47,7 @@ from tuner.models import ModelSpec
 from tuner.results import Status, TrialResult
 from tuner.runners.base import Predicted, Runner, TrialSpec, memory_view
 from tuner.runners.megatron_pool import PoolOutcome, WorkerPool
-from tuner.runners.megatron_refusals import megatron_refusals
+from tuner.runners.megatron_refusals import megatron_refusals, unbuilt_recompute_modules
 from tuner.runners.megatron_worker import SCHEMA, WorkerSpec, parse_result
 from tuner.runners.megatron_worker.protocol import ProgressWatch
 from tuner.runners.megatron_worker.spec import layout_to_dict
@@ -233,13 +233,17 @@ class MegatronRunner(Runner):
     def space_limits(self, model: ModelSpec) -> SpaceLimits:
         """Without transformer-engine megatron-core has no context or sequence parallel, so the
         space leaves those out; the generation knobs and the kernel choices the worker cannot
-        make are pinned (MEGATRON_PINNED); log-prob batching and fused kernels are measured."""
+        make are pinned (MEGATRON_PINNED); log-prob batching and fused kernels are measured;
+        recompute modules megatron-core refuses in the worker's config are not offered."""
         te = importlib.util.find_spec("transformer_engine") is not None
+        # the dense sets hold no MoE module: left unnamed there, so the fingerprint is unchanged
+        refused = unbuilt_recompute_modules(model) if model.is_moe else ()
         return SpaceLimits(
             context_parallel=te,
             sequence_parallel=te,
             pinned=MEGATRON_PINNED,
             why="" if te else "no transformer-engine here: no context or sequence parallel",
+            recompute_modules_refused=refused,
         )
 
     def predicted(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.models import ModelSpec
+from tuner.runners.megatron_worker.model import CONFIG_MOE_GROUPED_GEMM
 from tuner.space import Candidate, modules_of
 
 
@@ -21,6 +22,15 @@ class Refusal:
     when: str
     """config (TransformerConfig/ModelParallelConfig __post_init__) or runtime."""
     message: str
+
+
+def unbuilt_recompute_modules(m: ModelSpec) -> tuple[str, ...]:
+    """Selective-recompute modules megatron-core refuses in the TransformerConfig the worker
+    builds for `m` (model.config_kwargs): moe_act needs moe_grouped_gemm, which the worker sets
+    to CONFIG_MOE_GROUPED_GEMM on a MoE and leaves at megatron-core's False on a dense model,
+    whatever the candidate's moe_grouped_gemm says. The one rule refusals() checks and the
+    megatron runner's space leaves out (MegatronRunner.space_limits)."""
+    return () if (CONFIG_MOE_GROUPED_GEMM and m.is_moe) else ("moe_act",)
 
 
 def refusals(c: Candidate, m: ModelSpec) -> list[Refusal]:
@@ -105,12 +115,14 @@ def refusals(c: Candidate, m: ModelSpec) -> list[Refusal]:
     if c.recompute_granularity == "selective":
         mods = modules_of(c)
         # transformer_config.py: "moe_act in recompute_modules is only supported with
-        # moe_grouped_gemm"
+        # moe_grouped_gemm", checked against the flag the worker builds (not the candidate's)
+        unbuilt = sorted(set(mods) & set(unbuilt_recompute_modules(m)))
         add(
-            "moe_act" in mods and not c.moe_grouped_gemm,
+            bool(unbuilt),
             "moe_act_needs_grouped_gemm",
             "config",
-            "recompute module moe_act needs moe_grouped_gemm",
+            f"recompute module {', '.join(unbuilt)} needs megatron-core's moe_grouped_gemm, which "
+            "the megatron runner's worker builds off (its own grouped-GEMM experts): drop it",
         )
         add(
             ("moe_act" in mods or "moe" in mods) and not m.is_moe,

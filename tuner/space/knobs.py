@@ -171,9 +171,12 @@ def _nlayers_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
 def _modules_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
     if d["recompute_granularity"] != "selective":
         return None
-    # a fixed list per model (Optuna's categorical choices may not change between trials);
-    # moe_grouped_gemm, drawn after, follows it (moe_act needs the grouped GEMM)
-    return list(RECOMPUTE_MODULE_SETS_MOE if s.model.is_moe else RECOMPUTE_MODULE_SETS_DENSE)
+    # a fixed list per model and runner (Optuna's categorical choices may not change between
+    # trials); moe_grouped_gemm, drawn after, follows it (moe_act needs the grouped GEMM); sets
+    # with a module the runner cannot build are left out (SpaceLimits.recompute_modules_refused)
+    sets = RECOMPUTE_MODULE_SETS_MOE if s.model.is_moe else RECOMPUTE_MODULE_SETS_DENSE
+    refused = set(s.limits.recompute_modules_refused)
+    return [m for m in sets if refused.isdisjoint(m.split(","))]
 
 
 def _grouped_gemm_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:

@@ -47,6 +47,9 @@ class SpaceLimits:
     """Sampler parameters (names as sample() suggests them) fixed to a value."""
     why: str = ""
     """One line for the study's first output: what is left out and why."""
+    recompute_modules_refused: tuple[str, ...] = ()
+    """Selective-recompute modules the runner cannot build: the module sets holding one are
+    not offered (the megatron runner's worker: megatron_refusals.unbuilt_recompute_modules)."""
 
     def pin(self, name: str) -> tuple[bool, Any]:
         for k, v in self.pinned:
@@ -64,6 +67,8 @@ class SpaceLimits:
         if not self.sequence_parallel:
             parts.append("nosp")
         parts += [f"{k}={v}" for k, v in self.pinned if k not in omit]
+        if self.recompute_modules_refused:
+            parts.append("no_recompute=" + "+".join(self.recompute_modules_refused))
         return ",".join(parts)
 
     def added_at_default(self, old_summary: str) -> list[str]:

@@ -12,6 +12,12 @@ from typing import Any
 from tuner.runners.megatron_worker.pipeline import p2p_settings
 from tuner.runners.megatron_worker.spec import WorkerSpec
 
+CONFIG_MOE_GROUPED_GEMM = False
+"""TransformerConfig.moe_grouped_gemm as the worker builds it, whatever the candidate's
+moe_grouped_gemm says: the local spec's experts are SequentialMLP, which our grouped-GEMM experts
+(experts.py) replace, so megatron-core's flag stays off (its GroupedMLP needs grouped_gemm / TE).
+megatron-core refuses what needs the flag on (recompute module moe_act: megatron_refusals)."""
+
 
 def config_kwargs(spec: WorkerSpec) -> dict[str, Any]:
     """TransformerConfig arguments for the spec that need no torch (the refusal check on the GPU
@@ -31,7 +37,7 @@ def config_kwargs(spec: WorkerSpec) -> dict[str, Any]:
             num_moe_experts=m.num_experts,
             moe_router_topk=m.moe_topk,
             moe_ffn_hidden_size=m.moe_ffn_hidden_size,
-            moe_grouped_gemm=False,
+            moe_grouped_gemm=CONFIG_MOE_GROUPED_GEMM,
             moe_router_load_balancing_type="aux_loss",
             moe_aux_loss_coeff=1e-3,
             moe_router_dtype="fp32",
@@ -105,7 +111,7 @@ def layer_spec(spec: WorkerSpec, core_attention: type, experts: type | None = No
     m = spec.model
     ls = get_gpt_layer_local_spec(
         num_experts=m.num_experts or None,
-        moe_grouped_gemm=False,
+        moe_grouped_gemm=CONFIG_MOE_GROUPED_GEMM,
         qk_layernorm=m.qk_layernorm,
         normalization="RMSNorm",
     )
