@@ -153,6 +153,15 @@ def test_a_missing_module_is_named_with_what_to_do() -> None:
     assert last_exception(text) == "ModuleNotFoundError: No module named 'transfer_queue'"
 
 
+def test_an_agent_loop_error_is_its_cause_not_a_config_error() -> None:
+    """Found on the H100: a tokenizer verl's Qwen agent loop refuses fails every rollout; Hydra's
+    InstantiationException wraps the cause and verl then stops for want of trajectories. The
+    reason is the ValueError, not a 'config error'."""
+    text = (LOGS / "agent_loop_error.log").read_text()
+    assert classify(text) is None
+    assert root_exception(text).startswith("ValueError: Expected Qwen newline to tokenize")
+
+
 def test_the_root_exception_is_the_first_one_a_wrapper_carries() -> None:
     text = (
         "Traceback (most recent call last):\n"

@@ -215,7 +215,8 @@ _WORKER_DIED_MSG = re.compile(
 )
 _CONFIG = re.compile(
     r"Could not override '|Could not append to config|Key '[^']*' is not in struct"
-    r"|omegaconf\.errors\.\w+|hydra\.errors\.\w+|ConfigCompositionException|MissingMandatoryValue"
+    r"|omegaconf\.errors\.\w+|hydra\.errors\.(?!InstantiationException)\w+"
+    r"|ConfigCompositionException|MissingMandatoryValue"
     r"|Error merging override|in validate_config|LexerNoViableAltException"
 )
 _EXC_LINE = re.compile(
