@@ -86,6 +86,63 @@ def test_activation_bytes_per_token_layer_by_hand() -> None:
     assert sel == hand - q * 2 - heads * 4
 
 
+def _sel(model: object, layout: str, modules: str, world: int = 8, **kw: object) -> float:
+    c = cand(layout, world, recompute_granularity="selective", recompute_modules=modules, **kw)
+    return activation_bytes_per_token_layer(model, c)  # type: ignore[arg-type]
+
+
+def test_each_selective_module_frees_what_megatron_core_recomputes() -> None:
+    """Issue 19 item 2: the activations depend on which modules selective recompute
+    recomputes (megatron-core 0.19 recompute_modules), as the time model's recompute does."""
+    h, q, kv, f, heads = 3584, 3584, 512, 18944, 28
+    hand = 4 * h * 2 + (q + 2 * kv) * 2 + q * 2 + heads * 4 + 3 * f * 2
+    assert _sel(QWEN7B, "dp8", "mlp") == hand - 3 * f * 2  # only the MLP's input stays
+    assert _sel(QWEN7B, "dp8", "core_attn,mlp") == hand - 3 * f * 2 - q * 2 - heads * 4
+    # transformer-engine's dense spec fuses both norms into the next linear: nothing to free
+    assert _sel(QWEN7B, "dp8", "core_attn,layernorm") == _sel(QWEN7B, "dp8", "core_attn")
+    # the local spec (the megatron runner's: fusions off) frees both norm outputs and upcasts
+    local = dict(bias_activation_fusion=False, apply_rope_fusion=False,
+                 gradient_accumulation_fusion=False)  # fmt: skip
+    freed = _sel(QWEN7B, "dp8", "core_attn", **local) - _sel(
+        QWEN7B, "dp8", "core_attn,layernorm", **local
+    )
+    assert freed == 2 * h * 2 + 8 * h
+    # MoE: moe_act frees the activation's output, moe the whole block, layernorm the MoE's
+    # separate pre-MLP norm
+    m = MOE30B
+    hm, fm, k = m.hidden_size, m.moe_ffn_hidden_size, m.moe_topk
+    base = _sel(m, "ep8", "core_attn")
+    assert base - _sel(m, "ep8", "core_attn,moe_act") == k * fm * 2
+    assert base - _sel(m, "ep8", "core_attn,layernorm") == hm * 2
+    moe_block = k * (2 * hm + 3 * fm) * 2 + 2 * m.num_experts * 4
+    assert base - _sel(m, "ep8", "core_attn,moe") == pytest.approx(moe_block)
+
+
+def test_memory_saving_selective_sets_predict_less_memory() -> None:
+    for model, layout, sets in (
+        (QWEN7B, "tp4", ("core_attn", "mlp", "core_attn,mlp")),
+        (MOE30B, "ep8", ("core_attn", "moe_act", "core_attn,moe_act", "moe")),
+    ):
+        world = 8 if model is QWEN7B else 32
+        cl = H100x8 if model is QWEN7B else H100x32
+        peak = {
+            s: memory(
+                cand(layout, world, recompute_granularity="selective", recompute_modules=s),
+                model,
+                cl,
+                DAPO,
+                P,
+            ).update_peak_gib
+            for s in sets
+        }
+        assert len(set(peak.values())) == len(sets), peak  # every set its own prediction
+        if model is QWEN7B:
+            assert peak["core_attn,mlp"] < peak["mlp"] < peak["core_attn"]
+        else:
+            assert peak["moe"] < peak["core_attn,moe_act"] < peak["core_attn"]
+            assert peak["core_attn,moe_act"] < peak["moe_act"]
+
+
 def test_more_tp_means_fewer_weight_bytes_per_gpu() -> None:
     w = [memory(cand(f"tp{t}"), QWEN7B, H100x8, DAPO, P).weights_gib for t in (1, 2, 4)]
     assert w[0] > w[1] > w[2]

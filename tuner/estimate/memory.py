@@ -29,7 +29,7 @@ from tuner.estimate.memfit import (
 from tuner.estimate.profile import Profile
 from tuner.hardware import GIB, Cluster
 from tuner.models import ModelSpec
-from tuner.space import Candidate, ParallelLayout
+from tuner.space import Candidate, ParallelLayout, modules_of
 from tuner.workload import Workload
 
 OPTIMIZER_BYTES = 3 * FP32
@@ -195,10 +195,16 @@ def activation_bytes_per_token_layer(m: ModelSpec, c: Candidate) -> float:
         ctx,
         c.layout,
         c.sequence_parallel,
-        c.recompute_granularity,
+        _selective_modules(c),
         fused_swiglu=c.bias_activation_fusion,
         local_norm=_local_norms(c),
     )
+
+
+def _selective_modules(c: Candidate) -> frozenset[str]:
+    """The modules selective recompute recomputes (none for the other granularities: full
+    recompute is applied per layer by _stored_and_working)."""
+    return frozenset(modules_of(c)) if c.recompute_granularity == "selective" else frozenset()
 
 
 def _local_norms(c: Candidate) -> bool:
@@ -217,29 +223,61 @@ def _act_per_token_layer(
     ctx: Context,
     lay: ParallelLayout,
     sp: bool,
-    granularity: str,
+    recomputed: frozenset[str] = frozenset(),
     *,
     fused_swiglu: bool = True,
     local_norm: bool = False,
 ) -> float:
+    """Bytes one token keeps in one layer, less what the selective-recompute modules in
+    `recomputed` free. What each frees, by megatron-core 0.19's meaning of `recompute_modules`
+    (TransformerConfig docstring and its users, read in the core_r0.19.0 branch, 0.19.1, assumed
+    unchanged in 0.19.2; the time model charges the same modules' forward, time._Lin):
+    - core_attn: the attention core runs under a checkpoint (attention.py
+      _checkpointed_attention_forward); its Q, K, V inputs stay. Its output and softmax
+      statistics are counted as freed, as this model always did; in megatron-core the output
+      stays as linear_proj's saved input, so only the statistics truly go (not changed here:
+      the selective rows of results/dense-h200-x2.csv are over-predicted already).
+    - layernorm: input_layernorm and pre_mlp_layernorm run under output-discarding checkpoints
+      (transformer_layer.py, CheckpointWithoutOutput: forward under no_grad, output storage
+      freed after its consumers ran), so their bf16 outputs and, in the local spec, torch's
+      fp32 upcast are not kept. Only a norm that is its own module: transformer-engine's spec
+      fuses both into the following linear layer of a dense model (IdentityOp, nothing
+      recomputed) and keeps the MoE's pre_mlp_layernorm separate.
+    - mlp: the dense MLP runs under a checkpoint (transformer_layer.py, not on MoE layers); only
+      its input, the norm output, stays.
+    - moe: the whole MoE layer (router, dispatch, experts, combine) runs under a checkpoint
+      (moe_layer.py); only its input stays.
+    - moe_act: the experts' activation runs under an output-discarding checkpoint
+      (experts.py); fc1's output (its input) stays, the activation's output (fc2's input) and
+      an unfused SwiGLU's intermediates are not kept.
+    mla_up_proj, gdn_norm_out and shared_experts free nothing here: the model has none of
+    them."""
     t = lay.tp
     sp_div = t if sp else 1
     h, q, kv = ctx.hidden, ctx.q_dim, ctx.kv_dim
-    # norm inputs, QKV input, residual-width tensors (sequence-sharded under SP)
-    width = 4 * h * BF16 / sp_div
-    if local_norm:
-        width += LOCAL_NORM_EXTRA_BYTES * h / sp_div
+    # the two norm inputs and the two norm outputs (QKV and MLP inputs), residual width,
+    # sequence-sharded under SP
+    norm_out = h * BF16 / sp_div
+    norm_extra = (LOCAL_NORM_EXTRA_BYTES / 2) * h / sp_div if local_norm else 0.0
+    width = 2 * h * BF16 / sp_div + 2 * (norm_out + norm_extra)
+    if "layernorm" in recomputed:
+        separate = 2 if local_norm else (1 if ctx.is_moe else 0)
+        width -= separate * (norm_out + norm_extra)
     qkv = (q + 2 * kv) * BF16 / t
     core_out = q * BF16 / t + ctx.heads * FP32 / t  # attention output and softmax stats
-    if granularity == "selective":
+    if "core_attn" in recomputed:
         core_out = 0.0  # the attention core is recomputed from Q, K, V
     swiglu = 3 if fused_swiglu else 3 + UNFUSED_SWIGLU_EXTRA
     if ctx.is_moe:
         routed = ctx.topk * lay.etp / sp_div if sp else ctx.topk
         f = ctx.moe_ffn / lay.etp
-        mlp = routed * (2 * h + swiglu * f) * BF16 + 2 * ctx.experts * FP32 / sp_div
+        # moe_act keeps fc1's output (2 ffn wide) of the activation's tensors
+        per_routed = 2 * h + (2 if "moe_act" in recomputed else swiglu) * f
+        mlp = routed * per_routed * BF16 + 2 * ctx.experts * FP32 / sp_div
+        if "moe" in recomputed:
+            mlp = 0.0
     else:
-        mlp = swiglu * ctx.ffn * BF16 / t
+        mlp = 0.0 if "mlp" in recomputed else swiglu * ctx.ffn * BF16 / t
     return width + qkv + core_out + mlp
 
 
@@ -477,7 +515,7 @@ def memory_of(
         ctx,
         lay,
         c.sequence_parallel,
-        c.recompute_granularity,
+        _selective_modules(c),
         fused_swiglu=c.bias_activation_fusion,
         local_norm=_local_norms(c),
     )
