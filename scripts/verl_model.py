@@ -3,9 +3,7 @@ bf16 weights, and a tokenizer built offline whose vocabulary is the model's whol
 random model samples any id; each one decodes). Used by scripts/gpu_verl_study.sh.
 
 usage: python scripts/verl_model.py CONFIG_JSON OUT_DIR [--layers N]
-The tokenizer: one token per word of tuner.dataset.WORDS (what the synthetic prompts are made
-of), the chat roles, Qwen's special tokens, and `w<i>` fillers up to the vocabulary size;
-whitespace splitting, so a prompt's token count is its word count after the chat template.
+The tokenizer: tuner.dataset.write_word_tokenizer at the config's vocabulary size.
 """
 
 from __future__ import annotations
@@ -18,37 +16,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
-)
-SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-
-def write_tokenizer(out: Path, vocab_size: int) -> int:
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from tuner.dataset import WORDS
-
-    words = [*SPECIALS, "user", "assistant", "system", *dict.fromkeys(WORDS)]
-    words += [f"w{i}" for i in range(vocab_size - len(words) - 1)]
-    vocab = {w: i for i, w in enumerate(words)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    # verl's agent loop checks that a Qwen tokenizer encodes "\n" as one token
-    # (verl/experimental/agent_loop: "Expected Qwen newline to tokenize to one token")
-    tok.add_tokens([AddedToken("\n", normalized=False)])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="<unk>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE,
-    )
-    fast.save_pretrained(out)
-    return len(vocab)
-
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -60,12 +27,14 @@ def main(argv: list[str]) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from tuner.dataset import write_word_tokenizer
+
     t0 = time.monotonic()
     raw = json.loads(Path(a.config).read_text())
     if a.layers:
         raw["num_hidden_layers"] = a.layers
     a.out.mkdir(parents=True, exist_ok=True)
-    n_vocab = write_tokenizer(a.out, int(raw["vocab_size"]))
+    n_vocab = write_word_tokenizer(a.out, int(raw["vocab_size"]))
     if a.tokenizer_only:
         print(f"verl_model: {a.out}: tokenizer of {n_vocab} tokens")
         return 0

@@ -111,3 +111,19 @@ def test_users_dataset_reward_rule(tmp_path: Path) -> None:
 def test_no_tokenizer_from_a_hub_id_or_missing_folder(tmp_path: Path) -> None:
     assert load_tokenizer("Qwen/Qwen2.5-7B-Instruct")[0] is None
     assert load_tokenizer(tmp_path / "absent")[0] is None
+
+
+def test_the_word_tokenizer_covers_a_models_vocabulary(tmp_path: Path) -> None:
+    """scripts/verl_model.py's tokenizer: the model's whole vocabulary (a random model samples
+    any id), and "\\n" one token (verl's Qwen agent loop refuses a tokenizer without it: found
+    on the H100)."""
+    from transformers import AutoTokenizer
+
+    from tuner.dataset import write_word_tokenizer
+
+    assert write_word_tokenizer(tmp_path, 4096) == 4096
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(tok.encode("\n", add_special_tokens=False)) == 1
+    assert tok.decode([4095]) == "\n" and tok.decode([4000]).startswith("w")
+    ids = tok.apply_chat_template([{"role": "user", "content": "the city"}], tokenize=True)
+    assert tok.unk_token_id not in ids

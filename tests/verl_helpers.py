@@ -40,39 +40,20 @@ def spec_for(tmp: Path, number: int = 0, timeout_s: float = 120.0, **cand: objec
     )
 
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
-)
-
-
 def write_tiny_model(folder: Path, *, config: bool = True) -> Path:
     """A whitespace word-level tokenizer (one token per word of tuner.dataset.WORDS) and, with
     `config`, a Qwen2-shaped config.json (then AutoTokenizer loads the tokenizer as Qwen2's,
     which is enough for verl to load the folder, but not for counting tokens)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config
+    from transformers import Qwen2Config
 
-    from tuner.dataset import WORDS
+    from tuner.dataset import write_word_tokenizer
 
-    folder.mkdir(parents=True, exist_ok=True)
-    specials = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = {w: i for i, w in enumerate([*specials, "user", "assistant", "system", *WORDS])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="<unk>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE,
-    )
-    fast.save_pretrained(folder)
+    n_vocab = write_word_tokenizer(folder)
     if not config:
         return folder
     Qwen2Config(
         architectures=["Qwen2ForCausalLM"],
-        vocab_size=len(vocab),
+        vocab_size=n_vocab,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,

@@ -82,29 +82,30 @@ def positive_int(text: str) -> int:
     return v
 
 
-def verl_override_text(text: str) -> str:
-    """`KEY=VALUE`, a Hydra override of verl's config (the keys are checked against verl's own
-    config by the verl runner's preflight)."""
-    from tuner.errors import UserError
-    from tuner.verl_settings import split_override
+def _checked_by(check_name: str, doc: str) -> Any:
+    """An argparse type that runs tuner.verl_settings' `check_name` on the text (its UserError
+    becomes argparse's message) and returns the text."""
 
-    try:
-        split_override(text)
-    except UserError as e:
-        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
-    return text
+    def arg(text: str) -> str:
+        from tuner import verl_settings
+        from tuner.errors import UserError
+
+        try:
+            getattr(verl_settings, check_name)(text)
+        except UserError as e:
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
+        return text
+
+    arg.__doc__ = doc
+    return arg
 
 
-def env_assignment(text: str) -> str:
-    """`NAME=VALUE`, a variable for every verl trial and its recipe."""
-    from tuner.errors import UserError
-    from tuner.verl_settings import split_env
-
-    try:
-        split_env(text)
-    except UserError as e:
-        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
-    return text
+verl_override_text = _checked_by(
+    "split_override",
+    "`KEY=VALUE`, a Hydra override of verl's config (the keys are checked against verl's own "
+    "config by the verl runner's preflight).",
+)
+env_assignment = _checked_by("split_env", "`NAME=VALUE`, a variable for every verl trial.")
 
 
 def non_negative_int(text: str) -> int:

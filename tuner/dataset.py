@@ -65,6 +65,41 @@ WORDS = tuple(_WORD_TEXT.split())
 and never less than one."""
 
 
+WORD_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
+"""The chat template of `write_word_tokenizer`'s tokenizer (whitespace between its tokens)."""
+
+
+def write_word_tokenizer(folder: Path, vocab_size: int | None = None) -> int:
+    """A tokenizer built offline for performance runs: one token per word of WORDS, the chat
+    roles, Qwen's special tokens and "\\n" (verl's Qwen agent loop demands it be one token),
+    then `w<i>` fillers up to `vocab_size` (a random-weight model samples any id; each one
+    decodes). Whitespace splitting: a prompt's token count is its word count after the chat
+    template. Saved to `folder`; returns the vocabulary size."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "user", "assistant"]
+    words += ["system", *dict.fromkeys(WORDS)]
+    if vocab_size is not None:
+        words += [f"w{i}" for i in range(vocab_size - len(words) - 1)]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_tokens([AddedToken("\n", normalized=False)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=WORD_CHAT_TEMPLATE,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(folder)
+    return len(fast)
+
+
 class ChatTokenizer(Protocol):
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 

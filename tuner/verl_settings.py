@@ -28,18 +28,26 @@ _KEY = re.compile(r"(\+\+|\+|~)?[A-Za-z_][\w\-]*(\.[\w\-]+)*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def _assignment(text: str, pattern: re.Pattern[str], option: str, example: str) -> tuple[str, str]:
+    """`NAME=VALUE` with NAME matching `pattern`; UserError saying what to give."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or not pattern.fullmatch(name) or name.startswith("~"):
+        raise UserError(f"{option} {text!r}: give {example}")
+    if "\n" in value or "\0" in value:
+        raise UserError(f"{option} {name}: the value has a line break or NUL; remove it")
+    return name, value
+
+
 def split_override(text: str) -> tuple[str, str]:
     """`KEY=VALUE` (Hydra's grammar: `+KEY` adds, `++KEY` adds or sets) -> (KEY, VALUE)."""
-    key, sep, value = text.partition("=")
-    key = key.strip()
-    if not sep or not _KEY.fullmatch(key) or key.startswith("~"):
-        raise UserError(
-            f"--verl-override {text!r}: give KEY=VALUE with a dotted verl config key, e.g. "
-            "actor_rollout_ref.rollout.free_cache_engine=True"
-        )
-    if "\n" in value or "\0" in value:
-        raise UserError(f"--verl-override {key}: the value has a line break or NUL; remove it")
-    return key, value
+    return _assignment(
+        text,
+        _KEY,
+        "--verl-override",
+        "KEY=VALUE with a dotted verl config key, e.g. "
+        "actor_rollout_ref.rollout.free_cache_engine=True",
+    )
 
 
 def bare_key(key: str) -> str:
@@ -48,15 +56,12 @@ def bare_key(key: str) -> str:
 
 
 def split_env(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not _ENV_NAME.fullmatch(name):
-        raise UserError(
-            f"--verl-env {text!r}: give NAME=VALUE with a shell variable name, e.g. "
-            "VLLM_USE_FLASHINFER_SAMPLER=0"
-        )
-    if "\n" in value or "\0" in value:
-        raise UserError(f"--verl-env {name}: the value has a line break or NUL; remove it")
-    return name, value
+    return _assignment(
+        text,
+        _ENV_NAME,
+        "--verl-env",
+        "NAME=VALUE with a shell variable name, e.g. VLLM_USE_FLASHINFER_SAMPLER=0",
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
