@@ -37,6 +37,16 @@ class ModelSpec:
     """Experts each token is routed to."""
     moe_ffn_hidden_size: int = 0
     """Inner width of one expert's MLP."""
+    shared_expert_ffn_hidden_size: int = 0
+    """Inner width of the shared experts every token of a MoE layer passes through, summed
+    (megatron-core's moe_shared_expert_intermediate_size; DeepSeek: n_shared_experts x
+    moe_intermediate_size, Qwen2-MoE: shared_expert_intermediate_size); 0 for none."""
+    shared_expert_gate: bool = False
+    """The shared experts' output is scaled by sigmoid(hidden x one weight per hidden unit)
+    (Qwen2-MoE's shared_expert_gate; megatron-core's moe_shared_expert_gate)."""
+    num_dense_layers: int = 0
+    """Leading layers of a MoE model whose MLP is dense (ffn_hidden_size) instead of experts
+    (DeepSeek's first_k_dense_replace)."""
     qkv_bias: bool = False
     """Whether the QKV projection has a bias (Qwen2 does)."""
     tie_word_embeddings: bool = False
@@ -64,6 +74,25 @@ class ModelSpec:
             raise UserError(f"model {self.name}: moe_intermediate_size must be positive")
         if not self.num_experts and self.ffn_hidden_size <= 0:
             raise UserError(f"model {self.name}: intermediate_size must be positive")
+        if not self.num_experts and (
+            self.shared_expert_ffn_hidden_size or self.shared_expert_gate or self.num_dense_layers
+        ):
+            raise UserError(
+                f"model {self.name}: shared experts and dense layers need routed experts"
+            )
+        if self.shared_expert_ffn_hidden_size < 0:
+            raise UserError(f"model {self.name}: the shared experts' width must not be negative")
+        if self.shared_expert_gate and not self.shared_expert_ffn_hidden_size:
+            raise UserError(f"model {self.name}: a shared-expert gate needs shared experts")
+        if not 0 <= self.num_dense_layers < self.num_layers:
+            raise UserError(
+                f"model {self.name}: first_k_dense_replace ({self.num_dense_layers}) must be in "
+                f"0..num_hidden_layers - 1 ({self.num_layers - 1})"
+            )
+        if self.num_dense_layers and self.ffn_hidden_size <= 0:
+            raise UserError(
+                f"model {self.name}: dense layers (first_k_dense_replace) need intermediate_size"
+            )
 
     @property
     def is_moe(self) -> bool:
@@ -89,52 +118,85 @@ class ModelSpec:
         return 3 * self.hidden_size * self.ffn_hidden_size
 
     @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is a MoE block (0 for a dense model)."""
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def num_dense_mlp_layers(self) -> int:
+        """Layers whose MLP is dense."""
+        return self.num_layers - self.num_moe_layers
+
+    @property
     def expert_params_per_layer(self) -> int:
-        """All routed experts of one layer (zero for dense)."""
+        """All routed experts of one MoE layer (zero for dense)."""
         return self.num_experts * 3 * self.hidden_size * self.moe_ffn_hidden_size
+
+    @property
+    def shared_expert_params_per_layer(self) -> int:
+        """The shared experts of one MoE layer: SwiGLU projections, and the gate's weights."""
+        gate = self.hidden_size if self.shared_expert_gate else 0
+        return 3 * self.hidden_size * self.shared_expert_ffn_hidden_size + gate
+
+    @property
+    def router_params_per_layer(self) -> int:
+        return self.hidden_size * self.num_experts
 
     @property
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
+    def _mlp_params(self, active: bool) -> int:
+        """MLP weights of every layer: the dense ones and the MoE blocks (router, shared
+        experts, and all routed experts or, `active`, the top-k a token passes through)."""
+        routed = self.moe_topk if active else self.num_experts
+        moe = (
+            routed * 3 * self.hidden_size * self.moe_ffn_hidden_size
+            + self.router_params_per_layer
+            + self.shared_expert_params_per_layer
+        )
+        return self.num_dense_mlp_layers * self.dense_mlp_params_per_layer + (
+            self.num_moe_layers * moe
+        )
+
     @property
     def num_params(self) -> int:
         """Total parameters."""
-        per_layer = self.attn_params_per_layer + (
-            self.expert_params_per_layer + self.hidden_size * self.num_experts
-            if self.is_moe
-            else self.dense_mlp_params_per_layer
+        return (
+            self.num_layers * self.attn_params_per_layer
+            + self._mlp_params(active=False)
+            + self.embedding_params
+            + self.hidden_size
         )
-        return self.num_layers * per_layer + self.embedding_params + self.hidden_size
 
     @property
     def num_active_params(self) -> int:
         """Parameters one token touches (MoE: top-k experts only)."""
-        if not self.is_moe:
-            return self.num_params
-        active_mlp = self.moe_topk * 3 * self.hidden_size * self.moe_ffn_hidden_size
-        per_layer = self.attn_params_per_layer + active_mlp + self.hidden_size * self.num_experts
-        return self.num_layers * per_layer + self.embedding_params + self.hidden_size
+        return (
+            self.num_layers * self.attn_params_per_layer
+            + self._mlp_params(active=True)
+            + self.embedding_params
+            + self.hidden_size
+        )
 
     # ---- FLOPs: the one formula the estimator, the reports and the megatron worker use ----
 
     @property
-    def layer_matmul_params(self) -> int:
-        """Weights of the matrix products one token passes through in one layer: QKV and output
-        projections, the dense MLP or the router plus top-k experts (biases and norms excluded)."""
-        h = self.hidden_size
-        q = self.num_attention_heads * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
-        attn = h * (q + 2 * kv) + q * h
-        if self.is_moe:
-            return attn + self.moe_topk * 3 * h * self.moe_ffn_hidden_size + h * self.num_experts
-        return attn + 3 * h * self.ffn_hidden_size
+    def layer_matmul_params(self) -> float:
+        """Weights of the matrix products one token passes through in one layer, the mean over
+        the layers: QKV and output projections, the dense MLP or the router, top-k experts and
+        shared experts (biases and norms excluded)."""
+        return (self.matmul_params - self.hidden_size * self.vocab_size) / self.num_layers
 
     @property
     def matmul_params(self) -> int:
         """Matmul weights one token passes through: every layer plus the output layer (the
         embedding lookup is no matmul)."""
-        return self.num_layers * self.layer_matmul_params + self.hidden_size * self.vocab_size
+        h = self.hidden_size
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        attn = h * (q + 2 * kv) + q * h
+        return self.num_layers * attn + self._mlp_params(active=True) + h * self.vocab_size
 
     def forward_flops(self, tokens: float, sum_sq_len: float) -> float:
         """Forward FLOPs of `tokens` tokens in causal sequences whose squared lengths sum to
@@ -267,6 +329,9 @@ REGISTRY: dict[str, ModelSpec] = {
 }
 
 
+QKV_BIAS_MODEL_TYPES = ("qwen2", "qwen2_moe")
+"""HF model types whose QKV projection has a bias without an `attention_bias` flag (their
+modeling code builds q/k/v_proj with bias=True)."""
 QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "olmo2", "gemma3")
 """HF model types whose attention always normalises q and k per head (their modeling code builds
 q_norm/k_norm unconditionally; their config.json has no flag for it)."""
@@ -335,6 +400,47 @@ def check_config_values(cfg: dict[str, object], path: Path) -> None:
             )
 
 
+def _moe_fields(cfg: dict[str, object], path: Path) -> dict[str, int | bool]:
+    """The MoE fields of a checked config.json as ModelSpec's: routed experts (`num_experts`,
+    Mixtral's `num_local_experts`, DeepSeek's `n_routed_experts`), their top-k and width; the
+    shared experts (Qwen2-MoE: `shared_expert_intermediate_size`, gated; DeepSeek:
+    `n_shared_experts` x `moe_intermediate_size`, ungated); DeepSeek's leading dense layers
+    (`first_k_dense_replace`). Layer patterns ModelSpec cannot represent (MoE every k-th layer,
+    Qwen2-MoE's `mlp_only_layers`) are refused with the field that asks for them."""
+
+    def count(key: str) -> int:
+        v = cfg.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+    experts = count("num_experts") or count("num_local_experts") or count("n_routed_experts")
+    if not experts:
+        return {}
+    width = count("moe_intermediate_size")
+    shared = count("shared_expert_intermediate_size")
+    gate = bool(shared)  # Qwen2-MoE's shared expert is always gated (Qwen2MoeSparseMoeBlock)
+    if not shared and count("n_shared_experts"):
+        shared = count("n_shared_experts") * width  # DeepseekV2MoE: one MLP of that width
+    for key in ("moe_layer_freq", "decoder_sparse_step"):
+        if count(key) > 1:
+            raise UserError(
+                f"{path}: {key} {count(key)} (MoE every {count(key)} layers) is not modelled: "
+                "only leading dense layers (first_k_dense_replace) are"
+            )
+    if cfg.get("mlp_only_layers"):
+        raise UserError(
+            f"{path}: mlp_only_layers {json.dumps(cfg.get('mlp_only_layers'))[:40]} is not "
+            "modelled: only leading dense layers (first_k_dense_replace) are"
+        )
+    return {
+        "num_experts": experts,
+        "moe_topk": count("num_experts_per_tok"),
+        "moe_ffn_hidden_size": width,
+        "shared_expert_ffn_hidden_size": shared,
+        "shared_expert_gate": gate,
+        "num_dense_layers": count("first_k_dense_replace"),
+    }
+
+
 def from_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face config.json (or a folder holding one)."""
     if path.is_dir():
@@ -353,7 +459,7 @@ def from_hf_config(path: Path) -> ModelSpec:
     try:
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
-        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        moe = _moe_fields(cfg, path)
         return ModelSpec(
             name=str(path.parent.name or path),
             num_layers=int(cfg["num_hidden_layers"]),
@@ -363,10 +469,8 @@ def from_hf_config(path: Path) -> ModelSpec:
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             vocab_size=int(cfg["vocab_size"]),
-            num_experts=experts,
-            moe_topk=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
-            moe_ffn_hidden_size=int(cfg.get("moe_intermediate_size") or 0) if experts else 0,
-            qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+            **moe,  # type: ignore[arg-type]
+            qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") in QKV_BIAS_MODEL_TYPES)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qk_layernorm=_has_qk_norm(cfg),
             hf_id=str(cfg.get("_name_or_path") or ""),

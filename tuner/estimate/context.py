@@ -63,7 +63,12 @@ class Context:
     attn_linear_params: float = 0.0
     """QKV and output projection weights of one layer."""
     dense_mlp_params: float = 0.0
-    """Dense MLP weights of one layer (0 for MoE layers)."""
+    """Dense (TP-split) MLP weights of one layer, the mean over the layers: the dense MLP, or
+    on a MoE the shared experts and the leading dense layers' MLPs."""
+    shared_ffn: int = 0
+    """Inner width of a MoE layer's shared experts (0: none)."""
+    dense_layers: int = 0
+    """Layers with a dense MLP (all of a dense model, the leading ones of a MoE)."""
     router_params: float = 0.0
     expert_params_layer: float = 0.0
     """All routed experts of one layer."""
@@ -130,14 +135,18 @@ class Context:
         self.is_moe = m.is_moe
         h = self.hidden
         self.attn_linear_params = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
-        self.dense_mlp_params = 0.0 if m.is_moe else float(m.dense_mlp_params_per_layer)
-        self.router_params = float(h * m.num_experts) if m.is_moe else 0.0
+        self.shared_ffn, self.dense_layers = m.shared_expert_ffn_hidden_size, m.num_dense_mlp_layers
+        self.dense_mlp_params = (
+            m.num_dense_mlp_layers * m.dense_mlp_params_per_layer
+            + m.num_moe_layers * m.shared_expert_params_per_layer
+        ) / self.layers
+        self.router_params = float(m.router_params_per_layer) if m.is_moe else 0.0
         self.expert_params_layer = float(m.expert_params_per_layer)
         self.one_expert_params = 3.0 * h * m.moe_ffn_hidden_size
         self.embed_params = float(m.vocab_size * h)
         self.head_params = 0.0 if m.tie_word_embeddings else float(m.vocab_size * h)
         self.total_params = float(m.num_params)
-        self.expert_params_total = self.layers * self.expert_params_layer
+        self.expert_params_total = m.num_moe_layers * self.expert_params_layer
         # one formula for matmul weights and FLOPs: tuner.models (attention + active MLP)
         self.layer_active_linear = float(m.layer_matmul_params)
         self.active_params = self.layers * self.layer_active_linear + self.embed_params

@@ -250,8 +250,11 @@ def _act_per_token_layer(
     - moe_act: the experts' activation runs under an output-discarding checkpoint
       (experts.py); fc1's output (its input) stays, the activation's output (fc2's input) and
       an unfused SwiGLU's intermediates are not kept.
-    mla_up_proj, gdn_norm_out and shared_experts free nothing here: the model has none of
-    them."""
+    - shared_experts: the shared experts run under a checkpoint (moe_layer.py); `moe` covers
+      them too.
+    - mlp also applies to a MoE's leading dense layers (ModelSpec.num_dense_layers).
+    mla_up_proj and gdn_norm_out free nothing here: ModelSpec has no multi-latent attention
+    or gated delta net."""
     t = lay.tp
     sp_div = t if sp else 1
     h, q, kv = ctx.hidden, ctx.q_dim, ctx.kv_dim
@@ -268,16 +271,20 @@ def _act_per_token_layer(
     if "core_attn" in recomputed:
         core_out = 0.0  # the attention core is recomputed from Q, K, V
     swiglu = 3 if fused_swiglu else 3 + UNFUSED_SWIGLU_EXTRA
-    if ctx.is_moe:
-        routed = ctx.topk * lay.etp / sp_div if sp else ctx.topk
-        f = ctx.moe_ffn / lay.etp
-        # moe_act keeps fc1's output (2 ffn wide) of the activation's tensors
-        per_routed = 2 * h + (2 if "moe_act" in recomputed else swiglu) * f
-        mlp = routed * per_routed * BF16 + 2 * ctx.experts * FP32 / sp_div
-        if "moe" in recomputed:
-            mlp = 0.0
-    else:
-        mlp = 0.0 if "mlp" in recomputed else swiglu * ctx.ffn * BF16 / t
+    dense = 0.0 if "mlp" in recomputed else swiglu * ctx.ffn * BF16 / t
+    if not ctx.is_moe:
+        return width + qkv + core_out + dense
+    routed = ctx.topk * lay.etp / sp_div if sp else ctx.topk
+    f = ctx.moe_ffn / lay.etp
+    # moe_act keeps fc1's output (2 ffn wide) of the activation's tensors
+    per_routed = 2 * h + (2 if "moe_act" in recomputed else swiglu) * f
+    moe = routed * per_routed * BF16 + 2 * ctx.experts * FP32 / sp_div
+    if "shared_experts" not in recomputed:
+        moe += swiglu * ctx.shared_ffn * BF16 / t  # a TP-split MLP beside the routed experts
+    if "moe" in recomputed:
+        moe = 0.0  # the shared experts run inside the MoE layer's checkpoint too
+    # the leading dense layers (DeepSeek's first_k_dense_replace), as a mean over the layers
+    mlp = (ctx.dense_layers * dense + (ctx.layers - ctx.dense_layers) * moe) / ctx.layers
     return width + qkv + core_out + mlp
 
 

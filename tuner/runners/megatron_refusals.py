@@ -72,6 +72,16 @@ def refusals(c: Candidate, m: ModelSpec) -> list[Refusal]:
         "runtime",
         f"ep({lay.ep}) does not divide the {m.num_experts} experts",
     )
+    # not megatron-core's refusal but the worker's: its one local layer spec builds every layer
+    # with the MoE block (model.layer_spec), so leading dense layers would be built as MoE
+    add(
+        m.num_dense_layers > 0,
+        "dense_layers_not_built",
+        "runtime",
+        f"the megatron runner's worker builds every layer as MoE: this model's "
+        f"{m.num_dense_layers} leading dense layers (first_k_dense_replace) are not measured; "
+        "use --runner verl or the estimator",
+    )
     # moe/moe_layer.py forward: "MoE and tensor parallelism ... without sequence parallelism"
     add(
         m.is_moe and lay.tp > 1 and not c.sequence_parallel,

@@ -37,6 +37,8 @@ def config_kwargs(spec: WorkerSpec) -> dict[str, Any]:
             num_moe_experts=m.num_experts,
             moe_router_topk=m.moe_topk,
             moe_ffn_hidden_size=m.moe_ffn_hidden_size,
+            moe_shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size or None,
+            moe_shared_expert_gate=m.shared_expert_gate,
             moe_grouped_gemm=CONFIG_MOE_GROUPED_GEMM,
             moe_router_load_balancing_type="aux_loss",
             moe_aux_loss_coeff=1e-3,
