@@ -356,3 +356,35 @@ def test_the_reference_leaderboards_are_predicted(anchors: Path) -> None:
     grpo = [o for o in summary.outcomes if o.case.label.startswith("grpo")]
     assert all(not o.estimate.fits for o in grpo if o.case.status == "oom")
     assert all(o.estimate.fits for o in grpo if o.case.status == "ok")
+
+
+def test_layernorm_recompute_is_charged_where_the_memory_model_frees_it() -> None:
+    """Recompute module layernorm recomputes only norms that are modules of their own
+    (memory.separate_norms): none of a dense layer under transformer-engine's spec, both in the
+    local spec (the megatron runner's), a MoE's pre-MLP norm under TE."""
+    from tuner.estimate.memory import activation_bytes_per_token_layer
+
+    w = get_workload("dapo-math")
+    local = dict(
+        bias_activation_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False
+    )
+    for m, lay, world, kw, charged in (
+        (QWEN7B, "tp4", 8, {}, False),
+        (QWEN7B, "tp4", 8, local, True),
+        (MOE30B, "ep8", 32, {}, True),
+    ):
+        cl = Cluster(gpu=GPUS["h100"], num_gpus=world)
+        layout = ParallelLayout.parse(lay, world)
+        base = Candidate(
+            layout=layout,
+            sequence_parallel=layout.tp > 1,
+            recompute_granularity="selective",
+            recompute_modules="core_attn",
+            **kw,  # type: ignore[arg-type]
+        )
+        ln = dataclasses.replace(base, recompute_modules="core_attn,layernorm")
+        slower = estimate(ln, m, cl, w).update_actor_s > estimate(base, m, cl, w).update_actor_s
+        smaller = activation_bytes_per_token_layer(m, ln) < activation_bytes_per_token_layer(
+            m, base
+        )
+        assert slower is charged and smaller is charged, (m.name, kw)

@@ -197,7 +197,7 @@ def activation_bytes_per_token_layer(m: ModelSpec, c: Candidate) -> float:
         c.sequence_parallel,
         _selective_modules(c),
         fused_swiglu=c.bias_activation_fusion,
-        local_norm=_local_norms(c),
+        local_norm=local_norms(c),
     )
 
 
@@ -207,7 +207,7 @@ def _selective_modules(c: Candidate) -> frozenset[str]:
     return frozenset(modules_of(c)) if c.recompute_granularity == "selective" else frozenset()
 
 
-def _local_norms(c: Candidate) -> bool:
+def local_norms(c: Candidate) -> bool:
     """The candidate runs megatron-core's local spec, without transformer-engine / apex
     kernels (its RMSNorms are torch.nn.RMSNorm; its process is the megatron-core runner's
     worker, memfit.LOCAL_SPEC_OUTSIDE_GIB): the megatron-core runner turns off every fusion
@@ -217,6 +217,17 @@ def _local_norms(c: Candidate) -> bool:
         or getattr(c, "apply_rope_fusion", True)
         or getattr(c, "gradient_accumulation_fusion", True)
     )
+
+
+def separate_norms(is_moe: bool, local_norm: bool) -> int:
+    """Norms of a layer that are modules of their own, what recompute module `layernorm`
+    recomputes (transformer_layer.py: not an IdentityOp): both in megatron-core's local spec;
+    under transformer-engine's spec a dense layer fuses both into the next linear layer and a
+    MoE layer keeps its pre-MLP norm apart. The memory model frees their outputs, the time
+    model charges their forward (one rule for both)."""
+    if local_norm:
+        return 2
+    return 1 if is_moe else 0
 
 
 def _act_per_token_layer(
@@ -264,8 +275,7 @@ def _act_per_token_layer(
     norm_extra = (LOCAL_NORM_EXTRA_BYTES / 2) * h / sp_div if local_norm else 0.0
     width = 2 * h * BF16 / sp_div + 2 * (norm_out + norm_extra)
     if "layernorm" in recomputed:
-        separate = 2 if local_norm else (1 if ctx.is_moe else 0)
-        width -= separate * (norm_out + norm_extra)
+        width -= separate_norms(ctx.is_moe, local_norm) * (norm_out + norm_extra)
     qkv = (q + 2 * kv) * BF16 / t
     core_out = q * BF16 / t + ctx.heads * FP32 / t  # attention output and softmax stats
     if "core_attn" in recomputed:
@@ -524,7 +534,7 @@ def memory_of(
         c.sequence_parallel,
         _selective_modules(c),
         fused_swiglu=c.bias_activation_fusion,
-        local_norm=_local_norms(c),
+        local_norm=local_norms(c),
     )
     tokens = _peak_micro_tokens(ctx, c, log_prob=False)
     in_flight = in_flight_micro_batches(lay, n_micro_update or lay.pp)
@@ -582,7 +592,7 @@ def memory_of(
     upd_peak = weights + grads + optim + critic + ref_w + upd_transient + ws
     kv = kv_cache_bytes(ctx, c)
     g = GIB
-    cuda_ctx = LOCAL_SPEC_OUTSIDE_GIB if _local_norms(c) else CUDA_CONTEXT_GIB
+    cuda_ctx = LOCAL_SPEC_OUTSIDE_GIB if local_norms(c) else CUDA_CONTEXT_GIB
     nccl = _nccl_of(ctx, lay)
     outside = cuda_ctx + nccl
     slack_lp = slack_gib(lp_transient / g)

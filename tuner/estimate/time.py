@@ -25,7 +25,13 @@ from tuner.estimate.context import (
     get_context,
 )
 from tuner.estimate.logits import DEFAULT_VERL, LOGIT_TRAFFIC_BYTES
-from tuner.estimate.memory import kv_cache_bytes, params_local, rollout_params_per_gpu
+from tuner.estimate.memory import (
+    kv_cache_bytes,
+    local_norms,
+    params_local,
+    rollout_params_per_gpu,
+    separate_norms,
+)
 from tuner.estimate.profile import Profile
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
@@ -629,7 +635,8 @@ def phase_times_of(ctx: Context, c: Candidate, verl_logits: str = DEFAULT_VERL) 
         for module in modules_of(c):
             slope += {
                 "core_attn": lin.core_fwd_slope,
-                "layernorm": lin.norm_fwd_slope,
+                # norm_fwd_slope is both norms' forward; only those apart are recomputed
+                "layernorm": lin.norm_fwd_slope * separate_norms(ctx.is_moe, local_norms(c)) / 2,
                 "mlp": lin.mlp_fwd_slope,
                 "moe": lin.moe_fwd_slope,
                 "moe_act": lin.moe_act_fwd_slope,
