@@ -233,3 +233,17 @@ def test_an_exported_verl_row_runs_what_the_row_ran(workdir: Path) -> None:
     assert "actor_rollout_ref.rollout.free_cache_engine=True" in text
     assert "bridge mbridge" in text
     assert cl.num_gpus == 1 and shlex.split(rec.verl_env) == ["VLLM_USE_FLASHINFER_SAMPLER=0"]
+
+
+def test_on_a_cluster_the_overrides_are_composed_here() -> None:
+    """--launcher slurm: the nodes' packages are the first trial's business, but an unknown
+    --verl-override is refused before anything is submitted (this Python's verl composes it)."""
+    from tuner.runners.launchers import SlurmLauncher
+
+    bad = VerlSettings.parse(bridge=None, overrides=["actor_rollout_ref.rollout.no_such=1"])
+    r = VerlRunner(model_path="/m", launcher=SlurmLauncher(partition="p"), settings=bad)
+    with pytest.raises(UserError, match="no_such"):
+        r.preflight()
+    ok = VerlSettings.parse(bridge=None, overrides=["actor_rollout_ref.rollout.free_cache_engine=True"])
+    r = VerlRunner(model_path="/m", launcher=SlurmLauncher(partition="p"), settings=ok)
+    assert r.preflight() is None

@@ -14,6 +14,7 @@ One trial, in order (each step a plain function of the previous one's output):
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import re
 import shlex
 import shutil
@@ -58,7 +59,7 @@ from tuner.runners.verl_log import (
     read_jsonl,
     root_exception,
 )
-from tuner.runners.verl_preflight import Preflight, preflight
+from tuner.runners.verl_preflight import Preflight, preflight, run_probe
 from tuner.space import SpaceLimits
 from tuner.verl_settings import VerlSettings
 
@@ -160,9 +161,16 @@ class VerlRunner(Runner):
                 raise UserError(f"--verl-override {bare}: it is set by {owned[bare]}; leave it out")
 
     def preflight(self) -> Preflight | None:
-        """The host check, once per study (None where it does not run: Ray and Slurm clusters
-        are checked by their first trial, and a stand-in entrypoint is not verl)."""
-        if not self.run_preflight or self.launcher.name != "local":
+        """The host check, once per study (None where it does not run: a stand-in entrypoint
+        is not verl; on Ray and Slurm clusters the nodes' packages are checked by the first
+        trial, and only the overrides are composed here, with this Python's verl if any)."""
+        if not self.run_preflight:
+            return None
+        if self.launcher.name != "local":
+            if self.user_settings.overrides and importlib.util.find_spec("verl") is not None:
+                error = run_probe(sys.executable, self.user_settings).get("compose_error")
+                if error:
+                    raise UserError(f"--verl-override: verl's config refuses it: {error}")
             return None
         if self._preflight is None:
             self._preflight = preflight(self.python, self.user_settings)
