@@ -1045,7 +1045,7 @@ def test_an_output_of_its_own_kind_is_replaced(
 ) -> None:
     """The guard lets a command rewrite what it wrote before (the report's content is not
     what this tests: a stand-in keeps it fast)."""
-    monkeypatch.setattr("tuner.report.build_report", lambda *_a, **_k: "<!DOCTYPE html>\n")
+    monkeypatch.setattr("tuner.report.page.build_report", lambda *_a, **_k: "<!DOCTYPE html>\n")
     shutil.copy(leaderboards / GOOD, workdir / GOOD)
     (workdir / "r.html").write_text("<!DOCTYPE html>\n<html><body>an old report</body></html>\n")
     assert main(["report", GOOD, "-o", "r.html"]) == 0

@@ -1,0 +1,417 @@
+"""`tune`'s argument parser: every subcommand and its arguments, with their defaults and help.
+
+Each argument's check is a `type=` function of `tuner.cli_args`; `tuner.cli` parses with
+`build_parser()` and runs the command."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tuner.cli_args import (
+    OneLineParser,
+    env_assignment,
+    fraction,
+    layout_text,
+    model_arg,
+    non_negative_float,
+    non_negative_int,
+    path_text,
+    positive_float,
+    positive_int,
+    seed,
+    study_name,
+    verl_override_text,
+)
+
+DESCRIPTION = """\
+Find the fastest verl Megatron configuration for a model, an RL workload and a GPU count.
+
+  tune --model qwen3-30b-moe --gpus 32          search (runner auto: estimator without a GPU)
+  tune show results/<study>.csv                 ranked leaderboard (ours or a reference CSV)
+  tune export results/<study>.csv --rank 1      the best row as a runnable verl script
+  tune plot results/<study>.csv                 search progress and best layouts as a PNG
+  tune report results/<study>.csv               one HTML page: the answer, progress, costs
+  tune models                                   the model registry
+  tune estimate --model qwen2.5-7b --gpus 8 --layout tp4pp2    the cost model for one layout
+"""
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        required=True,
+        type=model_arg,
+        help="registry name (see `tune models`) or a path to a Hugging Face "
+        "config.json or its folder",
+    )
+    p.add_argument("--gpus", type=positive_int, required=True, help="GPUs in all")
+    p.add_argument(
+        "--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default 8)"
+    )
+    p.add_argument("--gpu", default="h100", help="GPU kind: h100, h200, h20, a100 (default h100)")
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    from tuner.workload import PRESETS
+
+    g = p.add_argument_group("workload (a preset, each field overridable)")
+    g.add_argument(
+        "--workload",
+        default="dapo-math",
+        help=f"preset: {', '.join(PRESETS)} (default dapo-math: 2048-token prompts, "
+        "8192-token responses, 512 prompts x 16, mini batch 32)",
+    )
+    g.add_argument("--algorithm", choices=("grpo", "dapo", "ppo"))
+    g.add_argument("--prompt-len", type=positive_int, help="max prompt tokens")
+    g.add_argument("--response-len", type=positive_int, help="max response tokens")
+    g.add_argument(
+        "--response-mean",
+        type=positive_int,
+        help="mean response tokens (default: 15%% of the max, early-training math runs)",
+    )
+    g.add_argument(
+        "--prompt-mean",
+        type=positive_int,
+        help="mean prompt tokens, unpadded (default: 10%% of the max)",
+    )
+    g.add_argument("--batch", type=positive_int, help="prompts per step (data.train_batch_size)")
+    g.add_argument("--n", type=positive_int, help="responses per prompt (rollout.n)")
+    g.add_argument("--mini-batch", type=positive_int, help="PPO mini batch in prompts")
+
+
+def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "verl runner (--runner verl: real verl main_ppo trials of 3 steps; see docs/clusters.md)"
+    )
+    g.add_argument(
+        "--launcher",
+        choices=("local", "ray", "slurm"),
+        default="local",
+        help="where trials run: this node, a Ray cluster (Jobs API) or Slurm (default local)",
+    )
+    g.add_argument(
+        "--model-path",
+        help="the model's Hugging Face weights (a folder every node can read)",
+    )
+    g.add_argument(
+        "--train-file",
+        type=path_text,
+        help="a verl parquet of prompts (default: a synthetic one of the workload's lengths)",
+    )
+    g.add_argument(
+        "--reward-fn",
+        type=path_text,
+        help="a Python file with compute_score() (default: reward.py beside --train-file, "
+        "else verl's scorer for each row's data_source)",
+    )
+    g.add_argument(
+        "--verl-bridge",
+        choices=("megatron-bridge", "mbridge"),
+        help="how verl builds the Megatron model: megatron-bridge (verl 0.9.1's default) or "
+        "mbridge (actor.megatron.vanilla_mbridge=True); recorded in each row and the recipe",
+    )
+    g.add_argument(
+        "--verl-override",
+        action="append",
+        default=[],
+        type=verl_override_text,
+        metavar="KEY=VALUE",
+        help="another verl Hydra override for every trial (repeatable), checked against verl's "
+        "own config before anything launches; recorded in each row and the recipe",
+    )
+    g.add_argument(
+        "--verl-env",
+        action="append",
+        default=[],
+        type=env_assignment,
+        metavar="NAME=VALUE",
+        help="an environment variable for every trial (repeatable); recorded in each row and "
+        "the recipe (the preflight adds what the host needs, e.g. VLLM_USE_FLASHINFER_SAMPLER=0 "
+        "where flashinfer is absent)",
+    )
+    g.add_argument("--ray-address", help="--launcher ray: the dashboard, http://<head>:8265")
+    g.add_argument("--slurm-partition", help="--launcher slurm: #SBATCH --partition")
+    g.add_argument("--slurm-account", help="--launcher slurm: #SBATCH --account")
+    g.add_argument(
+        "--slurm-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="--launcher slurm: another #SBATCH option, e.g. --slurm-arg=--qos=high (repeatable)",
+    )
+    g.add_argument(
+        "--slurm-setup",
+        default="",
+        help="--launcher slurm: shell lines run first in the job, e.g. "
+        "'source /shared/venv/bin/activate'",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="tune", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command")
+
+    run = sub.add_parser(
+        "run",
+        help="search for the fastest configuration (the default command)",
+        description="Search with Optuna. Every trial becomes a row of results/<study>.csv; the "
+        "best rows become scripts under recipes/<model>/. Stop it any time and run "
+        "the same command again to resume.",
+    )
+    _add_cluster_args(run)
+    _add_workload_args(run)
+    g = run.add_argument_group("search")
+    g.add_argument(
+        "--trials",
+        type=positive_int,
+        default=50,
+        help="trials the study should hold; a resumed study runs the rest (default 50)",
+    )
+    g.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=None,
+        help="stop starting trials after this many seconds (default: none)",
+    )
+    g.add_argument(
+        "--trial-timeout",
+        type=positive_float,
+        default=1800.0,
+        help="seconds one launched trial may run before it ends as `timeout` (default 1800)",
+    )
+    g.add_argument(
+        "--runner",
+        default="auto",
+        choices=("auto", "estimate", "megatron", "verl"),
+        help="auto: megatron on a GPU machine, else the estimator (default auto)",
+    )
+    g.add_argument(
+        "--storage",
+        default="",
+        help="Optuna storage: a URL (sqlite:///, postgresql://, mysql://), a "
+        "*.log journal file for several workers, or a SQLite path "
+        "(default results/studies.sqlite3)",
+    )
+    g.add_argument(
+        "--study",
+        type=study_name,
+        default="",
+        help="study name: ASCII letters, digits and . _ -, at most 100 "
+        "(default: model-gpuxN[-workload]-runner)",
+    )
+    g.add_argument("--seed", type=seed, default=0, help="sampler seed (default 0)")
+    g.add_argument(
+        "--no-warm-start",
+        action="store_true",
+        help="do not try the reference layouts and the estimator's best first",
+    )
+    g.add_argument(
+        "--hand-grid",
+        action="store_true",
+        help="also measure what a user would try by hand (plain layouts x recompute none/full "
+        "x token budget 1x/2x; rows say origin=hand grid), so the leaderboard states the tuned "
+        "best against the hand best",
+    )
+    g.add_argument(
+        "--verl-example",
+        action="store_true",
+        help="also measure verl's own Megatron GRPO example (examples/grpo_trainer/"
+        "run_qwen2-7b_math_megatron.sh) scaled to --gpus, first (origin=hand: verl example)",
+    )
+    g.add_argument("--results-dir", type=path_text, default=Path("results"))
+    g.add_argument("--recipes-dir", type=path_text, default=Path("recipes"))
+    g.add_argument(
+        "--recipes",
+        type=non_negative_int,
+        default=3,
+        help="write recipe scripts for this many best rows (default 3; 0: none)",
+    )
+    g.add_argument(
+        "--headroom-gib",
+        type=non_negative_float,
+        default=None,
+        help="GPU memory to keep free when pruning what cannot fit (default: learned from "
+        "measured trials)",
+    )
+    g.add_argument(
+        "--profile",
+        type=path_text,
+        default=None,
+        help="calibration profile (default results/calibration.json if present)",
+    )
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_verl_runner_args(run)
+
+    show = sub.add_parser(
+        "show",
+        help="print leaderboards, ranked, references beside the tuned rows",
+        description="Rank the rows of one or more leaderboards (ours or published reference "
+        "CSVs). vs_ref is each row's throughput over the best ok reference row (a published "
+        "row, or a reference layout run in the study) of the same model on the same GPU kind "
+        "and count.",
+    )
+    show.add_argument(
+        "csv", type=path_text, nargs="+", help="leaderboard CSV(s), ours or reference"
+    )
+    show.add_argument("--gpu", help="only rows of this GPU kind (h200) or kind and count (h200x2)")
+    show.add_argument("--model", help="only rows whose model contains this text")
+    show.add_argument(
+        "--status", help="only rows with this status (ok, oom, failed, ...; comma-separated)"
+    )
+    show.add_argument(
+        "--source", help="only rows from this source (estimate, megatron, verl, reference)"
+    )
+    show.add_argument("--top", type=positive_int, default=None, help="only the first N rows")
+    show.add_argument(
+        "--sort",
+        help="column to sort by (default: tokens_per_s_per_gpu, or step_s where no row has a "
+        "throughput)",
+    )
+    show.add_argument("--asc", action="store_true", help="ascending")
+    show.add_argument(
+        "--columns", help="comma-separated columns to print (names or headings; `all`)"
+    )
+    show.add_argument(
+        "--format",
+        choices=("table", "csv", "json", "markdown"),
+        default="table",
+        help="table (default), csv, json (a list of objects) or markdown",
+    )
+
+    exp = sub.add_parser("export", help="write a row as a runnable verl recipe script")
+    exp.add_argument("csv", type=path_text, help="leaderboard CSV")
+    exp.add_argument(
+        "--rank", type=positive_int, default=None, help="rank among ok rows (default 1)"
+    )
+    exp.add_argument(
+        "--trial", type=non_negative_int, default=None, help="or a trial number (not with --rank)"
+    )
+    exp.add_argument(
+        "--steps", type=positive_int, default=3, help="trainer.total_training_steps (default 3)"
+    )
+    exp.add_argument("--recipes-dir", type=path_text, default=Path("recipes"))
+
+    plot = sub.add_parser("plot", help="draw a leaderboard as a PNG (needs matplotlib)")
+    plot.add_argument("csv", type=path_text, help="leaderboard CSV")
+    plot.add_argument(
+        "--out", type=path_text, default=None, help="PNG path (default: beside the CSV, same name)"
+    )
+
+    rep = sub.add_parser(
+        "report",
+        help="one self-contained HTML report of a study (needs matplotlib)",
+        description="Write one HTML file (figures inline, opens offline): the best "
+        "configuration and its ratio to the best reference on the same GPUs, search progress, "
+        "throughput vs peak memory, knob importances (fANOVA, from the Optuna storage), time "
+        "per phase, failures, cost, predicted vs measured. Prints its path.",
+    )
+    rep.add_argument("csv", type=path_text, help="leaderboard CSV")
+    rep.add_argument(
+        "--storage",
+        default=None,
+        help="the study's Optuna storage, for knob importances (default: the one the CSV "
+        "names, else studies.sqlite3 beside the CSV)",
+    )
+    rep.add_argument(
+        "--reference",
+        type=path_text,
+        action="append",
+        default=[],
+        metavar="CSV",
+        help="published reference CSV to compare with (repeatable; default: the model's "
+        "files under tests/data/anchors or $TUNER_REFERENCE_DIR)",
+    )
+    rep.add_argument(
+        "-o",
+        "--out",
+        type=path_text,
+        default=None,
+        help="HTML path (default: beside the CSV, same name)",
+    )
+
+    sub.add_parser("models", help="list the model registry")
+
+    est = sub.add_parser("estimate", help="the cost model's prediction for one configuration")
+    _add_cluster_args(est)
+    _add_workload_args(est)
+    est.add_argument(
+        "--layout",
+        required=True,
+        type=layout_text,
+        help="tp4pp2vpp2, tp2cp2, ep8cp4, tp4ep16, ...",
+    )
+    est.add_argument("--rollout-tp", type=positive_int, default=1)
+    est.add_argument(
+        "--max-token-len",
+        type=positive_int,
+        default=None,
+        help="ppo_max_token_len_per_gpu (default 2x prompt+response)",
+    )
+    est.add_argument(
+        "--logprob-max-token-len",
+        type=positive_int,
+        default=None,
+        help="log_prob_max_token_len_per_gpu (default 3x prompt+response)",
+    )
+    est.add_argument("--offload", action="store_true", help="param, grad and optimizer offload")
+    est.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    est.add_argument("--no-fused-kernels", action="store_true")
+    est.add_argument("--no-sequence-parallel", action="store_true")
+    est.add_argument("--gpu-memory-utilization", type=fraction, default=0.6)
+    est.add_argument(
+        "--micro-batch",
+        type=positive_int,
+        default=None,
+        help="fixed micro-batch size per GPU instead of dynamic token budgets",
+    )
+    est.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=None,
+        help="vLLM tokens per scheduler step (default prompt + response)",
+    )
+    est.add_argument(
+        "--profile",
+        type=path_text,
+        default=None,
+        help="calibration profile (default results/calibration.json if present)",
+    )
+    est.add_argument("--json", action="store_true", help="one JSON object")
+
+    cal = sub.add_parser(
+        "calibrate",
+        help="fit the cost model's efficiency constants to your measured rows",
+        description="Fit the cost model's efficiency constants (GEMM, attention, memory and "
+        "network efficiencies, host overheads) to the measured rows of leaderboards (rows "
+        "whose source is a real runner, not the estimator), by least squares on log errors, "
+        "and store them as the profile `tune` uses by default.",
+    )
+    cal.add_argument("csv", type=path_text, nargs="+", help="leaderboard CSV(s) with measured rows")
+    cal.add_argument(
+        "--out",
+        type=path_text,
+        default=None,
+        help="profile to write (default results/calibration.json)",
+    )
+    cal.add_argument(
+        "--start",
+        type=path_text,
+        default=None,
+        help="profile to start from (default: the built-in constants)",
+    )
+    cal.add_argument("--gpu", default=None, help="only rows of this GPU kind (e.g. h100)")
+    cal.add_argument(
+        "--dry-run", action="store_true", help="print the fit, do not write the profile"
+    )
+    return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> set[str]:
+    """The names of the parser's subcommands (`run`, `show`, ...)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return set(action.choices)
+    return set()

@@ -1,0 +1,203 @@
+"""Which knobs mattered: the study's Optuna storage found and fANOVA's importances drawn."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tuner import plots
+from tuner.errors import UserError, redact
+from tuner.report.markup import _e, _figure, _p, _table
+from tuner.report.study import Study, _mode
+
+MIN_IMPORTANCE_TRIALS = 4
+"""Completed trials fANOVA needs before its importances mean anything."""
+
+MAX_IMPORTANCE_CHOICES = 16
+"""A categorical knob with more choices than this is left out of fANOVA: one-hot encoded, the
+search's `layout` (840 choices for qwen3-30b-moe on 32 GPUs) kept it running for over 18
+minutes on 80 trials. The layout is scored through its degrees instead (`LAYOUT_DEGREES`)."""
+
+LAYOUT_DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")
+"""The layout's degrees as fANOVA scores them: ordered integers (log scale), from each trial's
+record."""
+
+MAX_IMPORTANCE_TRIALS = 2000
+"""fANOVA is fitted on at most this many completed trials (the latest), so its time is bounded
+whatever the study's size (scripts/bench_report.py)."""
+
+
+def storage_url(label: str) -> str:
+    """An Optuna storage URL or path from what a leaderboard's `storage` column records
+    (tuner.study.storage_label: `sqlite:/abs/path`, `journal:/abs/path`, or a URL)."""
+    if label.startswith("sqlite:") and not label.startswith("sqlite://"):
+        return "sqlite:///" + label.removeprefix("sqlite:")
+    if label.startswith("journal:"):
+        return label.removeprefix("journal:")
+    return label
+
+
+def _storage_file(url: str) -> Path | None:
+    if url.startswith("sqlite:///"):
+        return Path(url.removeprefix("sqlite:///"))
+    return None if "://" in url else Path(url)
+
+
+def _open_study(s: Study, storage: str | None) -> tuple[Any, str, str]:
+    """(optuna study or None, a sentence on where it came from or why not, the storage's URL
+    or path: '' when none). The storage:
+    --storage, else the one the CSV names, else `<csv name>.sqlite3` or studies.sqlite3 beside
+    the CSV (the committed measured leaderboards keep theirs under the CSV's name)."""
+    names = [n for n in s.df["study"].unique() if n]
+    if not names:
+        return None, "The leaderboard names no study.", ""
+    name = str(names[0])
+    if storage:
+        candidates = [storage]
+    else:
+        named = str(_mode(s.df["storage"]) or "") if "storage" in s.df.columns else ""
+        candidates = [storage_url(named)] if named else []
+        for beside in (s.csv.with_suffix(".sqlite3"), s.csv.parent / "studies.sqlite3"):
+            candidates.append(f"sqlite:///{beside}")
+    url = ""
+    for c in candidates:
+        f = _storage_file(c)
+        if f is None or f.is_file():
+            url = c
+            break
+    if not url:
+        tried = " or ".join(_e(redact(c)) for c in candidates)
+        return (
+            None,
+            f"No Optuna storage found ({tried} does not exist here): pass <code>--storage</code> "
+            "to see which knobs mattered.",
+            "",
+        )
+    import optuna
+
+    from tuner.study import open_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        st = optuna.load_study(study_name=name, storage=open_storage(url))
+    except KeyError:
+        return None, f"The storage {_e(redact(url))} holds no study named {_e(name)}.", ""
+    except UserError as e:
+        return None, _e(redact(str(e))), ""
+    return st, f"Study {_e(name)} in {_e(redact(url))}.", url
+
+
+def importance_study(trials: Sequence[Any]) -> tuple[Any, list[str]]:
+    """An in-memory Optuna study of the completed `trials` on a bounded parameterization, for
+    fANOVA: each knob as sampled, except a categorical of more than `MAX_IMPORTANCE_CHOICES`
+    choices (left out), plus the layout's degrees from each trial's record as integers.
+    Returns (the study, the knobs left out)."""
+    import optuna
+
+    from tuner.study.storage import RECORD_ATTR
+
+    dists = optuna.distributions
+    left_out: set[str] = set()
+    rows: list[tuple[dict[str, Any], dict[str, Any], float]] = []
+    for t in trials[-MAX_IMPORTANCE_TRIALS:]:
+        params, dist = {}, {}
+        for k, v in t.params.items():
+            d = t.distributions[k]
+            if isinstance(d, dists.CategoricalDistribution) and len(d.choices) > (
+                MAX_IMPORTANCE_CHOICES
+            ):
+                left_out.add(k)
+                continue
+            params[k], dist[k] = v, d
+        rec = t.user_attrs.get(RECORD_ATTR)
+        if isinstance(rec, dict):
+            for k in LAYOUT_DEGREES:
+                v = rec.get(k)
+                if isinstance(v, int) and v >= 1 and k not in params:
+                    params[k] = v
+        rows.append((params, dist, float(t.value)))
+    for k in LAYOUT_DEGREES:
+        seen = [p[k] for p, _, _ in rows if k in p]
+        if len(seen) == len(rows) and min(seen) < max(seen):
+            d = dists.IntDistribution(min(seen), max(seen), log=True)
+            for _, dist, _ in rows:
+                dist[k] = d
+        else:
+            for p, _, _ in rows:
+                p.pop(k, None)
+    study = optuna.create_study(direction="maximize")
+    study.add_trials(
+        [optuna.trial.create_trial(params=p, distributions=d, value=v) for p, d, v in rows]
+    )
+    return study, sorted(left_out)
+
+
+def _dashboard(url: str) -> str:
+    """The optuna-dashboard command for the storage the report read (none: no hint, it would
+    name a file that does not exist and the dashboard would create it empty)."""
+    if not url:
+        return ""
+    from tuner.study import storage_label
+
+    # a file as the report found it (relative stays relative); a server without its password
+    shown = url if url.startswith("sqlite:") or "://" not in url else storage_label(url)
+    return (
+        "<p class='small'>Browse the study interactively: <code>pip install optuna-dashboard"
+        f" &amp;&amp; optuna-dashboard {_e(shown)}</code>.</p>"
+    )
+
+
+def section_knobs(s: Study, storage: str | None) -> str:
+    st, where, url = _open_study(s, storage)
+    if st is None:
+        return _p(f"Not computed. {where}")
+    dash = _dashboard(url)
+    import optuna
+
+    done = [t for t in st.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if len(done) < MIN_IMPORTANCE_TRIALS:
+        return (
+            _p(
+                f"{where} Only {len(done)} completed trials (fANOVA needs at least "
+                f"{MIN_IMPORTANCE_TRIALS} with varied knobs): not computed."
+            )
+            + dash
+        )
+    try:
+        bounded, left_out = importance_study(done)
+        ev = optuna.importance.FanovaImportanceEvaluator(seed=0)
+        imp = optuna.importance.get_param_importances(bounded, evaluator=ev)
+    except ImportError:
+        return (
+            _p(f"{where} fANOVA needs scikit-learn: <code>pip install scikit-learn</code>.") + dash
+        )
+    except (RuntimeError, ValueError) as e:
+        return _p(f"{where} fANOVA could not run: {_e(str(e).splitlines()[0])}.") + dash
+    if not imp:
+        return _p(f"{where} No knob varied across the completed trials.") + dash
+    series = pd.Series(imp, dtype="float64")
+    fig, ax = plots.new_figure(8.5, 0.35 * len(series) + 1.4)
+    plots.draw_importances(ax, series)
+    fig.tight_layout()
+    table = series.rename_axis("knob").reset_index(name="importance")
+    top = series.idxmax()
+    used = min(len(done), MAX_IMPORTANCE_TRIALS)
+    note = ""
+    if left_out:
+        note = (
+            f" Left out ({len(left_out)}, more than {MAX_IMPORTANCE_CHOICES} choices): "
+            f"{_e(', '.join(left_out))}; the layout is scored as its degrees."
+        )
+    return (
+        _p(
+            f"{where} fANOVA (Optuna's FanovaImportanceEvaluator) over {used} completed "
+            f"trials{' (the latest)' if used < len(done) else ''}: <strong>{_e(top)}</strong> "
+            f"explains {series.max():.0%} of the variance of the {s.what}throughput.{note}"
+        )
+        + _figure(fig, "parameter importances")
+        + _table(table)
+        + dash
+    )
