@@ -175,7 +175,7 @@ def main() -> int:
                     "old_log_prob_s",
                     "update_actor_s",
                     "tokens_per_s_per_gpu",
-                    "mfu_pct",
+                    "mfu_update_pct",
                     "peak_mem_gib",
                     "peak_mem_reserved_gib",
                     "peak_mem_device_gib",

@@ -976,7 +976,7 @@ def test_dev_zero_is_refused_at_once(argv: list[str], workdir: Path) -> None:
 
 
 NUMERIC_CELLS = [("tokens_per_s_per_gpu", "inf"), ("step_s", "-inf"), ("peak_mem_gib", "nan")]
-NUMERIC_CELLS += [("tp", "1e999"), ("pred_step_s", "Infinity"), ("mfu_pct", "fast")]
+NUMERIC_CELLS += [("tp", "1e999"), ("pred_step_s", "Infinity"), ("mfu_update_pct", "fast")]
 
 
 @pytest.mark.parametrize("command", ["show", "plot", "export", "report", "calibrate"])

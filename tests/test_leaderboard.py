@@ -246,3 +246,37 @@ def test_show_bad_options_exit_2(
 ) -> None:
     assert main(["show", str(MOE), *argv]) == 2
     assert fragment in _err_line(capsys)
+
+
+def test_old_leaderboards_load_in_schema_3s_meaning(tmp_path: Path) -> None:
+    """Committed schema-1 and -2 files and the references: MFU by what it counts, a megatron
+    row's old_log_prob the whole step's, as tuner.results.read_rows reads them."""
+    from tuner.results import read_rows
+
+    paths = sorted((REPO / "results").glob("*.csv"))
+    df = load_leaderboard([*paths, *sorted(ANCHORS.glob("*.csv"))])
+    assert "mfu_pct" not in df.columns
+    assert df["mfu_update_pct"].dtype == "float64" and df["verl_mfu_actor_pct"].dtype == "float64"
+    ok_megatron = df[(df["source"] == "megatron") & (df["status"] == "ok")]
+    assert (
+        ok_megatron["mfu_update_pct"].notna().all()
+        and ok_megatron["verl_mfu_actor_pct"].isna().all()
+    )
+    refs = df[df["source"] == "reference"]
+    assert refs["verl_mfu_actor_pct"].notna().any() and refs["mfu_update_pct"].isna().all()
+    # a schema-2 megatron row that ran 2 of 8 mini-batches: the same numbers by both readers
+    raw = _raw(REPO / "results" / "moe8k-h200-x2.csv")
+    for r in raw:
+        r["extra"] = r["extra"].replace("mini_batches_per_step=2;", "mini_batches_per_step=8;")
+    path = tmp_path / "moe8k-h200-x2.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(raw[0]))
+        w.writeheader()
+        w.writerows(raw)
+    df = load_leaderboard(path)
+    rows = read_rows(path)
+    for (_, got), want, r in zip(df.iterrows(), rows, raw, strict=True):
+        for c in ("old_log_prob_s", "update_actor_s", "mfu_update_pct"):
+            assert (pd.isna(got[c]) and not want.get(c)) or got[c] == float(want[c])
+        if r["old_log_prob_s"]:
+            assert got["old_log_prob_s"] == pytest.approx(4 * float(r["old_log_prob_s"]), 1e-5)

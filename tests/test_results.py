@@ -44,7 +44,7 @@ def test_upsert_replaces_by_trial_and_keeps_others(tmp_path: Path) -> None:
     assert [r["trial"] for r in rows] == ["0", "1"]
     assert rows[0]["tokens_per_s_per_gpu"] == "150"
     assert list(rows[0]) == list(COLUMNS)
-    assert all(r["schema_version"] == "2" for r in rows)
+    assert all(r["schema_version"] == str(SCHEMA_VERSION) for r in rows)
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -55,13 +55,14 @@ def test_upsert_rejects_unknown_columns(tmp_path: Path) -> None:
 
 def test_columns_come_from_the_record_with_units_and_one_name_per_quantity() -> None:
     names = [f.name for f in dataclasses.fields(TrialRecord)]
-    assert COLUMNS[0] == "schema_version" and SCHEMA_VERSION == 2
+    assert COLUMNS[0] == "schema_version" and SCHEMA_VERSION == 3
     assert [c for c in COLUMNS if c in names] == [n for n in names if n != "knobs"]
-    for c in ("throughput", "mfu", "throughput_tokens_per_s_per_gpu"):
+    for c in ("throughput", "mfu", "mfu_pct", "throughput_tokens_per_s_per_gpu"):
         assert c not in COLUMNS
     for c in (
         "tokens_per_s_per_gpu",
-        "mfu_pct",
+        "mfu_update_pct",
+        "verl_mfu_actor_pct",
         "peak_mem_gib",
         "peak_mem_reserved_gib",
         "peak_mem_device_gib",
@@ -98,13 +99,14 @@ def test_record_round_trips_through_dict_and_row() -> None:
     assert back == rec
     row = rec.to_row()
     assert row["tokens_per_s_per_gpu"] == "1234.5" and row["pred_tokens_per_s_per_gpu"] == "1500"
-    assert row["extra"] == "seed=0;phase=step" and row["schema_version"] == "2"
+    assert row["extra"] == "seed=0;phase=step" and row["schema_version"] == str(SCHEMA_VERSION)
 
 
 @pytest.mark.parametrize("name", ["dense-h200-x2.csv", "moe-h200-x2.csv"])
 def test_schema_1_leaderboards_still_read(name: str) -> None:
-    rows = read_rows(DATA / name)
-    assert rows and all(r["schema_version"] == "1" for r in rows)
+    assert {r["schema_version"] for r in read_raw(DATA / name)} == {"1"}
+    rows = read_rows(DATA / name)  # in schema 3's meaning
+    assert rows and all(r["schema_version"] == str(SCHEMA_VERSION) for r in rows)
     recs = [TrialRecord.from_row(r) for r in rows]
     assert [r.trial for r in recs] == list(range(len(rows)))
     for raw, rec in zip(rows, recs, strict=True):
@@ -198,7 +200,9 @@ def test_reads_every_reference_leaderboard(anchors: Path) -> None:
     assert grpo["2"]["tokens_per_s_per_gpu"] == "2583.4"
     assert grpo["2"]["max_response_len"] == "8192"
     dapo = {r["trial"]: r for r in read_rows(anchors / "dapo7b.csv")}
-    assert dapo["4"]["update_actor_s"] == "205" and float(dapo["4"]["mfu_pct"]) == 35.0
+    assert dapo["4"]["update_actor_s"] == "205"
+    assert float(dapo["4"]["verl_mfu_actor_pct"]) == 35.0  # verl's perf/mfu/actor, a fraction
+    assert "mfu_pct" not in dapo["4"] and "mfu_update_pct" not in dapo["4"]
     assert dapo["4"]["actor_budget"] == str(20 * 1024)
 
 
@@ -219,3 +223,98 @@ def test_a_non_leaderboard_csv_is_refused(tmp_path: Path) -> None:
     p.write_text("a,b\n1,2\n")
     with pytest.raises(UserError, match="neither"):
         read_rows(p)
+
+
+# --------------------------------------------------------------------------------------------
+# Schema 3: one meaning per column; rows of 1 and 2 read in it (issue 19, items 4 and 10)
+# --------------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+MOE8K = REPO / "results" / "moe8k-h200-x2.csv"
+"""A committed schema-2 megatron leaderboard (both phases measured, mfu_pct both phases')."""
+
+
+def _schema2_megatron_row(per_step: int = 8) -> dict[str, str]:
+    """A committed schema-2 megatron ok row, as if 2 of `per_step` mini-batches had run."""
+    row = next(r for r in read_raw(MOE8K) if r["status"] == "ok" and r["mfu_pct"])
+    assert row["schema_version"] == "2" and "mini_batches_run=2;" in row["extra"]
+    row["extra"] = row["extra"].replace(
+        "mini_batches_per_step=2;", f"mini_batches_per_step={per_step};"
+    )
+    return row
+
+
+def _extra(row: dict[str, str]) -> dict[str, str]:
+    return dict(p.split("=", 1) for p in row["extra"].split(";") if "=" in p)
+
+
+def test_an_old_megatron_rows_old_log_prob_means_the_whole_step(tmp_path: Path) -> None:
+    """Schema 2 kept old_log_prob of the mini-batches run beside an update scaled to the step:
+    read, both mean the step (the measured value in `extra`), by every reader."""
+    old = _schema2_megatron_row(per_step=8)
+    logp, upd_run = float(old["old_log_prob_s"]), float(_extra(old)["update_s_run"])
+    path = tmp_path / "old.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(old))
+        w.writeheader()
+        w.writerow(old)
+    (row,) = read_rows(path)
+    assert float(row["old_log_prob_s"]) == pytest.approx(logp * 4, rel=1e-5)
+    assert float(_extra(row)["old_log_prob_s_run"]) == pytest.approx(logp)
+    rec = TrialRecord.from_row(old)
+    assert rec.old_log_prob_s == pytest.approx(logp * 4, rel=1e-5)
+    assert rec.update_actor_s == pytest.approx(float(old["update_actor_s"]))  # already the step's
+    assert TrialRecord.from_row(rec.to_row()) == rec  # schema 3 is read as written
+    # a storage's record of schema 2 (no schema_version; `mfu_pct` a key) likewise
+    d = rec.to_dict()
+    for k in ("mfu_update_pct", "verl_mfu_actor_pct"):
+        d.pop(k)
+    d["extra"] = {k: v for k, v in d["extra"].items() if not k.startswith(("old_log", "mfu"))}
+    d.update(old_log_prob_s=logp, mfu_pct=float(old["mfu_pct"]), tokens_per_s_per_gpu=1.0)
+    stored = TrialRecord.from_dict(d)
+    for k in ("old_log_prob_s", "mfu_update_pct"):
+        assert getattr(stored, k) == pytest.approx(getattr(rec, k), rel=1e-5)
+    assert stored.extra["old_log_prob_s_run"] == logp and stored.verl_mfu_actor_pct is None
+    # mfu_pct of a worker that measured both phases: both phases' FLOPs (4/3 of the update's)
+    # over both phases' time of the mini-batches run; the update's own is read from it
+    mfu = float(old["mfu_pct"])
+    assert rec.mfu_update_pct == pytest.approx(0.75 * mfu * (logp + upd_run) / upd_run, rel=1e-5)
+    assert rec.verl_mfu_actor_pct is None
+    assert float(rec.extra["mfu_both_phases_pct"]) == pytest.approx(mfu)
+    # upserting into an old file writes every row in schema 3's meaning
+    upsert_row(path, {"study": "x", "trial": 99, "status": "failed", "source": "megatron"})
+    again = {r["trial"]: r for r in read_raw(path)}
+    assert {r["schema_version"] for r in again.values()} == {str(SCHEMA_VERSION)}
+    assert float(again[old["trial"]]["old_log_prob_s"]) == pytest.approx(logp * 4, rel=1e-5)
+    assert TrialRecord.from_row(again[old["trial"]]) == rec
+
+
+@pytest.mark.parametrize(
+    ("source", "column"),
+    [("estimate", "mfu_update_pct"), ("verl", "verl_mfu_actor_pct")],
+)
+def test_an_old_mfu_goes_to_the_column_of_what_it_counted(source: str, column: str) -> None:
+    """The estimator's mfu_pct was the update's by the tuner's formula; verl's was its counter
+    perf/mfu/actor: each lands in its own column, the other stays empty."""
+    row = {c: "" for c in COLUMNS} | {
+        "schema_version": "2",
+        "study": "s",
+        "trial": "3",
+        "status": "ok",
+        "source": source,
+        "mfu_pct": "12.5",
+        "old_log_prob_s": "7",
+    }
+    rec = TrialRecord.from_row(row)
+    other = {"mfu_update_pct", "verl_mfu_actor_pct"} - {column}
+    assert getattr(rec, column) == 12.5 and getattr(rec, other.pop()) is None
+    assert rec.old_log_prob_s == 7.0  # only megatron rows timed part of the step
+
+
+def test_schema_1_megatron_rows_measured_the_update_alone() -> None:
+    """The first worker measured the update alone: its mfu_pct was already the update's."""
+    for raw in read_raw(DATA / "dense-h200-x2.csv"):
+        if raw["mfu_pct"]:
+            assert "measured=actor update" in raw["extra"]
+            rec = TrialRecord.from_row(raw)
+            assert rec.mfu_update_pct == pytest.approx(float(raw["mfu_pct"]))

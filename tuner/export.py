@@ -10,7 +10,9 @@ from tuner.errors import UserError
 def choose_row(
     rows: list[dict[str, str]], csv_path: Path, *, rank: int = 1, trial: int | None = None
 ) -> dict[str, str]:
-    """The row of trial `trial`, else the `rank`-th ok row by throughput (1 = best)."""
+    """The row of trial `trial`, else the `rank`-th ok candidate by throughput (1 = best; rows
+    of one candidate, a repeat's copied result among them, count once: recipes.distinct)."""
+    from tuner.recipes import distinct
     from tuner.results import rank as ranked
 
     if trial is not None:
@@ -18,11 +20,13 @@ def choose_row(
         if not chosen:
             raise UserError(f"no trial {trial} in {csv_path}: pick one from `tune show`")
         return chosen[0]
-    ok = ranked(rows, status="ok")
+    ok = distinct(ranked(rows, status="ok"))
     if not ok:
         raise UserError(f"{csv_path} has no ok row to export: pass --trial N for another row")
     if not 1 <= rank <= len(ok):
-        raise UserError(f"{csv_path} has {len(ok)} ok rows: pass --rank 1..{len(ok)}")
+        raise UserError(
+            f"{csv_path} has {len(ok)} ok rows of distinct candidates: pass --rank 1..{len(ok)}"
+        )
     return ok[rank - 1]
 
 
@@ -39,6 +43,7 @@ def export_recipe(
     from tuner.hardware import Cluster, get_gpu
     from tuner.models import get_model
     from tuner.results import read_raw
+    from tuner.runners import pinned_knobs
     from tuner.space import Candidate
     from tuner.verl_settings import VerlSettings
     from tuner.workload import PRESETS, Workload, get_workload
@@ -80,5 +85,7 @@ def export_recipe(
         steps=steps,
         origin=recipes.origin_of(csv_path, row),
         settings=settings,
+        pinned=pinned_knobs(row.get("source", "")),
+        runner=row.get("source", ""),
     )
     return recipes.write(recipe, recipes_dir / recipes._slug(model.name), suffix=f"t{row['trial']}")

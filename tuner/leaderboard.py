@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import UserError
-from tuner.results import Status, _normalize_reference, is_reference
+from tuner.results import Status, _normalize_reference, is_reference, upgrade_row
 
 PathLike = str | Path
 
@@ -73,7 +73,8 @@ FLOAT_COLUMNS = frozenset(
         "ref_s",
         "update_actor_s",
         "reshard_s",
-        "mfu_pct",
+        "mfu_update_pct",
+        "verl_mfu_actor_pct",
         "peak_mem_gib",
         "peak_mem_reserved_gib",
         "peak_mem_device_gib",
@@ -155,7 +156,8 @@ SHOW_COLUMNS = (
     "generation_s",
     "old_log_prob_s",
     "update_actor_s",
-    "mfu_pct",
+    "mfu_update_pct",
+    "verl_mfu_actor_pct",
     "peak_mem_gib",
     "peak_mem_device_gib",
     "pred_peak_mem_gib",
@@ -170,6 +172,8 @@ SHORT_NAMES = {
     "generation_s": "gen_s",
     "old_log_prob_s": "logp_s",
     "update_actor_s": "update_s",
+    "mfu_update_pct": "mfu_upd_pct",
+    "verl_mfu_actor_pct": "verl_mfu_pct",
     "pred_peak_mem_gib": "pred_mem_gib",
     "peak_mem_device_gib": "device_gib",
     "train_parallel": "train",
@@ -249,7 +253,15 @@ def _one_file(path: Path) -> pd.DataFrame:
 
 def _read_ours(path: Path, header: list[str]) -> pd.DataFrame:
     """Our CSV, typed by pandas' C parser where the column is known (fast: 10,000 rows in a
-    fraction of a second); cell by cell where a known numeric column holds text."""
+    fraction of a second); cell by cell where a known numeric column holds text, or where the
+    file is of schema 1 or 2 (its rows read in schema 3's meaning, tuner.results.upgrade_row)."""
+    if "mfu_pct" in header:  # every schema-1 and -2 file has it; schema 3 has not
+        raw = _strings(path)
+        raw.columns = header
+        records = [upgrade_row(r) for r in raw.to_dict("records")]
+        up = pd.DataFrame.from_records(records) if records else pd.DataFrame(columns=header)
+        up = up.drop(columns=["mfu_pct"], errors="ignore").fillna("").astype(str)
+        return pd.DataFrame({c: _typed(up[c], c) for c in up.columns}, index=up.index)
     dtypes: dict[str, Any] = {}
     for c in header:
         if c in STRING_COLUMNS:
@@ -516,7 +528,13 @@ def default_sort(df: pd.DataFrame) -> str:
 
 
 HIGHER_IS_BETTER = frozenset(
-    {"tokens_per_s_per_gpu", "pred_tokens_per_s_per_gpu", "mfu_pct", "vs_ref"}
+    {
+        "tokens_per_s_per_gpu",
+        "pred_tokens_per_s_per_gpu",
+        "mfu_update_pct",
+        "verl_mfu_actor_pct",
+        "vs_ref",
+    }
 )
 
 

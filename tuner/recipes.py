@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tuner import verl_command, versions
+from tuner.errors import UserError
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.space import Candidate
@@ -69,6 +72,8 @@ def render(
     origin: str = "",
     steps: int = 3,
     settings: VerlSettings | None = None,
+    pinned: Sequence[tuple[str, Any]] = (),
+    runner: str = "",
 ) -> Recipe:
     """A bash script that runs verl's main_ppo with the candidate's overrides.
 
@@ -76,7 +81,9 @@ def render(
     TOTAL_STEPS defaults to `steps` (3, as the tuner measures). `settings`: the verl runner's
     bridge, extra overrides and environment the row ran with (exported as they ran). With those
     set as the verl runner set them, the script runs the runner's command with the same
-    overrides."""
+    overrides. `pinned`: the knobs the row's runner (`runner`) fixed instead of measuring (see
+    tuner.runners.pinned_knobs): a comment block names each with the value the script sets, and
+    says that generation was not measured."""
     ov = verl_command.overrides(
         c, m, cl, w, steps="${TOTAL_STEPS}", experiment=experiment_name(c, m, cl), settings=settings
     )
@@ -104,6 +111,7 @@ def render(
     ]
     if origin:
         lines.append(f"# origin: {origin}")
+    lines += pinned_lines(c, pinned, runner)
     if settings is not None:
         said = [f"bridge {settings.bridge}"]
         if settings.env:
@@ -131,6 +139,69 @@ def render(
         "",
     ]
     return Recipe(name=recipe_name(c, m, cl), text="\n".join(lines))
+
+
+def pinned_lines(c: Candidate, pinned: Sequence[tuple[str, Any]], runner: str) -> list[str]:
+    """The recipe's comment block on what its row did not measure: each pinned knob with the
+    value the script sets (the candidate's, else the pin), and that generation was not run."""
+    if not pinned:
+        return []
+    who = f"--runner {runner}" if runner else "the row's runner"
+    lines = [
+        f"# NOT MEASURED: {who} ran no generation (vLLM) and pinned these knobs instead of",
+        "# searching them; the values below are what this script sets, not a measured choice",
+        "# (confirm them with --runner verl):",
+    ]
+    for name, pin in pinned:
+        value = getattr(c, name, pin)
+        lines.append(f"#   {name}={value}  (pinned, not measured)")
+    lines.append(
+        "# generation was not measured: the row's generation time is the cost model's prediction"
+    )
+    return lines
+
+
+SETUP_COLUMNS = (
+    "model",
+    "gpu",
+    "num_gpus",
+    "gpus_per_node",
+    "algorithm",
+    "max_prompt_len",
+    "max_response_len",
+    "bs",
+    "mini_bs",
+    "n",
+    "prompt_mean_len",
+    "response_mean_len",
+)
+"""Row columns besides the candidate and the verl settings that a recipe is made of."""
+
+
+def recipe_key(row: dict[str, str]) -> tuple[object, ...]:
+    """What a row's recipe is made of: its candidate, its verl settings and its model, GPUs and
+    workload. Rows of one key give the same script but for the comment naming the row; a row
+    that cannot be read as a candidate is its own key."""
+    try:
+        cand = Candidate.from_record(row, int(row["num_gpus"]))
+        settings = VerlSettings.from_record(row)
+    except (KeyError, ValueError, TypeError, UserError):
+        return ("row", row.get("study", ""), row.get("trial", ""))
+    return (cand, settings, *(row.get(k, "") for k in SETUP_COLUMNS))
+
+
+def distinct(rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows in order, each candidate once (the first row of each `recipe_key`): a study
+    copies a repeated candidate's result into a new trial, and two recipes that differ only in
+    the comment naming their trial are one."""
+    seen: set[tuple[object, ...]] = set()
+    out = []
+    for r in rows:
+        key = recipe_key(r)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
 
 
 def origin_of(csv_path: Path, row: dict[str, str]) -> str:

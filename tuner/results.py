@@ -18,9 +18,15 @@ from tuner.errors import UserError
 from tuner.fileio import write_atomic
 from tuner.space import CANDIDATE_FIELDS
 
-SCHEMA_VERSION = 2
-"""2: one typed TrialRecord per row (units in names, pred_* apart, device memory three ways,
-launch/measured wall time, prompt mean, storage); 1: the first leaderboards (still read)."""
+SCHEMA_VERSION = 3
+"""3: one meaning per column: `mfu_update_pct` (the tuner's FLOP formula over the actor update)
+and `verl_mfu_actor_pct` (verl's own counter) in place of `mfu_pct`, which meant one of three
+things by source; a megatron row's `old_log_prob_s` is the whole step's, as its `update_actor_s`
+(the mini-batches' measured time kept in `extra` as `old_log_prob_s_run`). 2: one typed
+TrialRecord per row (units in names, pred_* apart, device memory three ways, launch/measured
+wall time, prompt mean, storage); 1: the first leaderboards. Rows of 1 and 2 are read in 3's
+meaning (`upgrade_row`)."""
+READ_VERSIONS = ("1", "2", str(SCHEMA_VERSION))
 
 
 class Status(StrEnum):
@@ -52,7 +58,10 @@ class TrialResult:
     update_actor_s: float | None = None
     reshard_s: float | None = None
     tokens_per_s_per_gpu: float | None = None
-    mfu_pct: float | None = None
+    mfu_update_pct: float | None = None
+    """The actor update's model FLOPs utilisation, percent (TrialRecord.mfu_update_pct)."""
+    verl_mfu_actor_pct: float | None = None
+    """verl's own `perf/mfu/actor` in percent (verl runner only)."""
     peak_mem_gib: float | None = None
     """Peak allocated memory, max over GPUs."""
     peak_mem_reserved_gib: float | None = None
@@ -124,7 +133,14 @@ class TrialRecord:
     ref_s: float | None = None
     update_actor_s: float | None = None
     reshard_s: float | None = None
-    mfu_pct: float | None = None
+    mfu_update_pct: float | None = None
+    """Model FLOPs utilisation of the actor update, in percent, by the tuner's one formula
+    (`ModelSpec.training_flops`: forward + backward, no recompute) over `update_actor_s` x GPUs x
+    the GPU's dense bf16 peak: the cost model's for estimates, the measured update's for megatron
+    rows; empty where the update's FLOPs are not known (verl rows: see verl_mfu_actor_pct)."""
+    verl_mfu_actor_pct: float | None = None
+    """verl's own counter `perf/mfu/actor` in percent (its FlopsCounter over update_policy's
+    time; verl rows and the reference CSVs): not comparable with mfu_update_pct."""
     peak_mem_gib: float | None = None
     """Measured peak allocated memory, max over GPUs."""
     peak_mem_reserved_gib: float | None = None
@@ -222,10 +238,10 @@ class TrialRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialRecord:
         """Inverse of `to_dict`; missing keys take defaults, unknown keys that are not knobs are
-        ignored, so records of older schemas load."""
+        ignored, so records of older schemas load (in schema 3's meaning: `upgrade_row`)."""
         kw: dict[str, Any] = {}
         knobs: dict[str, Any] = {}
-        for k, v in d.items():
+        for k, v in upgrade_row(d).items():
             if k in _PARSE:
                 kw[k] = v if not isinstance(v, str) else _PARSE[k](v)
             elif k in CANDIDATE_FIELDS and v not in ("", None):
@@ -246,22 +262,98 @@ class TrialRecord:
 
     @classmethod
     def from_row(cls, row: dict[str, str]) -> TrialRecord:
-        """A record from a CSV row of schema 1 or 2 (text values)."""
+        """A record from a CSV row of schema 1, 2 or 3 (text values)."""
         version = row.get("schema_version") or "1"
-        if version not in ("1", str(SCHEMA_VERSION)):
+        if version not in READ_VERSIONS:
             raise UserError(
-                f"leaderboard row of schema {version}: this verl-tuner reads schemas 1 and "
-                f"{SCHEMA_VERSION}; upgrade verl-tuner"
+                f"leaderboard row of schema {version}: this verl-tuner reads schemas "
+                f"{', '.join(READ_VERSIONS)}; upgrade verl-tuner"
             )
         d: dict[str, Any] = {k: v for k, v in row.items() if k and v not in ("", None)}
-        extra = _PARSE["extra"](d.get("extra", ""))
-        if version == "1":  # schema 1 kept these in `extra`
-            if "origin" in extra:
-                d["origin"] = extra.pop("origin")
-            if "launch_s" in extra:
-                d["launch_s"] = extra.pop("launch_s")
-        d["extra"] = extra
+        d["extra"] = _PARSE["extra"](d.get("extra", ""))
         return cls.from_dict(d)
+
+
+OLD_LOG_PROB_RUN = "old_log_prob_s_run"
+"""`extra` key of a megatron row: old_log_prob's measured time over the mini-batches run (the
+row's `old_log_prob_s` is scaled to the whole step, as its `update_actor_s`)."""
+BOTH_PHASES_MFU = "mfu_both_phases_pct"
+"""`extra` key of a schema-2 megatron row read in schema 3: its old `mfu_pct`, both phases'
+FLOPs over both phases' time."""
+
+
+def upgrade_row(d: dict[str, Any]) -> dict[str, Any]:
+    """A row (a CSV's text, with `schema_version`) or a record (`to_dict` from a storage) of
+    schema 1 or 2 in schema 3's meaning, in the same form; a schema-3 one comes back as it was,
+    so applying it twice changes nothing.
+
+    - schema 1 kept `origin` and `launch_s` in `extra`: they go to their columns.
+    - `mfu_pct` by source: `estimate` -> `mfu_update_pct` (the cost model's update MFU);
+      `verl` and `reference` -> `verl_mfu_actor_pct` (verl's counter); `megatron` ->
+      `mfu_update_pct`: a worker that measured the update alone (`measured=actor update`) logged
+      the update's; one that measured old_log_prob + update logged both phases' FLOPs (4/3 of
+      the update's, same samples) over both phases' time (old_log_prob + `update_s_run`, the
+      mini-batches run), so the update's is 3/4 x mfu x both / update (the old value kept in
+      `extra` as mfu_both_phases_pct).
+    - a megatron row's `old_log_prob_s` timed the mini-batches run: scaled to the step by
+      `mini_batches_per_step / mini_batches_run`, as its `update_actor_s` always was, the
+      measured value kept in `extra` as old_log_prob_s_run."""
+    text = "schema_version" in d
+    old = str(d["schema_version"]) in ("1", "2") if text else "mfu_pct" in d
+    if not old:
+        return d
+    out = dict(d)
+    raw_extra = out.get("extra")
+    extra = dict(raw_extra) if isinstance(raw_extra, dict) else _parse_extra(raw_extra or "")
+
+    def num(v: Any) -> float | None:
+        if isinstance(v, bool) or v is None:
+            return None
+        x = number(v) if isinstance(v, str) else float(v)
+        return x if x is not None and math.isfinite(x) else None
+
+    def put(key: str, v: float) -> None:
+        if num(out.get(key)) is None:
+            out[key] = _fmt(v) if text else v
+
+    def keep(key: str, v: float) -> None:  # a CSV's `extra` holds text, a record's numbers
+        extra[key] = _fmt(v) if text else v
+
+    if text and str(d["schema_version"]) == "1":  # schema 1 kept these in `extra`
+        for k in ("origin", "launch_s"):
+            if k in extra and out.get(k) in ("", None):
+                out[k] = str(extra.pop(k))
+    source = str(out.get("source") or "")
+    mfu_cell = out.pop("mfu_pct", None)
+    mfu = num(mfu_cell)
+    logp = num(out.get("old_log_prob_s"))
+    run, per_step = num(extra.get("mini_batches_run")), num(extra.get("mini_batches_per_step"))
+    megatron = source == "megatron"
+    if megatron and logp is not None and run and per_step and OLD_LOG_PROB_RUN not in extra:
+        keep(OLD_LOG_PROB_RUN, logp)
+        out["old_log_prob_s"] = _fmt(logp * per_step / run) if text else logp * per_step / run
+    if mfu is not None:
+        if source in ("verl", "reference"):
+            put("verl_mfu_actor_pct", mfu)
+        elif source == "megatron":
+            upd_run = num(extra.get("update_s_run"))
+            if str(extra.get("measured", "")).strip() == "actor update":
+                put("mfu_update_pct", mfu)
+            else:
+                keep(BOTH_PHASES_MFU, mfu)
+                if upd_run and logp is not None:
+                    put("mfu_update_pct", 0.75 * mfu * (logp + upd_run) / upd_run)
+        elif source == "estimate":
+            put("mfu_update_pct", mfu)
+        else:
+            keep("mfu_pct", mfu)
+    elif text and str(mfu_cell or "").strip():  # not a number: kept for the readers to refuse
+        verl = source in ("verl", "reference")
+        out["verl_mfu_actor_pct" if verl else "mfu_update_pct"] = mfu_cell
+    out["extra"] = extra if isinstance(raw_extra, dict) or not text else _fmt(extra)
+    if text:
+        out["schema_version"] = _VERSION
+    return out
 
 
 def _parse_float(v: str) -> float | None:
@@ -400,7 +492,7 @@ def upsert_row(path: Path, row: dict[str, Any]) -> None:
     if unknown:
         raise ValueError(f"unknown leaderboard columns: {sorted(unknown)}")
     with locked(path):
-        rows = read_raw(path) if path.exists() else []
+        rows = [upgrade_row(r) for r in read_raw(path)] if path.exists() else []
         key = (str(row.get("study", "")), str(row.get("trial", "")))
         rows = [r for r in rows if (r.get("study", ""), r.get("trial", "")) != key]
         rows.append({k: _fmt(v) for k, v in row.items()})
@@ -472,9 +564,9 @@ def _normalize_reference(r: dict[str, str], path: Path) -> dict[str, str]:
         out["status"] = "ok"
     else:
         out["status"] = "no-data"
-    if out.get("mfu"):
+    if out.get("mfu"):  # verl's perf/mfu/actor of the published runs, a fraction
         with contextlib.suppress(ValueError):
-            out["mfu_pct"] = _fmt(float(out.pop("mfu")) * 100)
+            out["verl_mfu_actor_pct"] = _fmt(float(out.pop("mfu")) * 100)
     return out
 
 
@@ -484,13 +576,14 @@ def is_reference(header: Iterable[str]) -> bool:
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
-    """Rows of a leaderboard of ours or a reference CSV, with our column names."""
+    """Rows of a leaderboard of ours (in schema 3's meaning: `upgrade_row`) or a reference CSV,
+    with our column names."""
     rows = read_raw(path)
     if rows and is_reference(rows[0].keys()):
         return [_normalize_reference(r, path) for r in rows]
     if rows and "schema_version" not in rows[0]:
         raise UserError(f"{path} is neither a verl-tuner leaderboard nor a reference CSV")
-    return rows
+    return [upgrade_row(r) for r in rows]
 
 
 def number(v: str | None) -> float | None:
@@ -523,7 +616,13 @@ def rank(
     desc = (
         descending
         if descending is not None
-        else sort_by in ("tokens_per_s_per_gpu", "mfu_pct", "pred_tokens_per_s_per_gpu")
+        else sort_by
+        in (
+            "tokens_per_s_per_gpu",
+            "mfu_update_pct",
+            "verl_mfu_actor_pct",
+            "pred_tokens_per_s_per_gpu",
+        )
     )
     present = [r for r in rows if r.get(sort_by)]
     missing = [r for r in rows if not r.get(sort_by)]
@@ -546,7 +645,8 @@ SHOW_COLUMNS = (
     "generation_s",
     "old_log_prob_s",
     "update_actor_s",
-    "mfu_pct",
+    "mfu_update_pct",
+    "verl_mfu_actor_pct",
     "peak_mem_gib",
     "pred_peak_mem_gib",
     "reason",
@@ -556,6 +656,8 @@ _SHORT = {
     "generation_s": "gen_s",
     "old_log_prob_s": "logp_s",
     "update_actor_s": "update_s",
+    "mfu_update_pct": "mfu_upd_pct",
+    "verl_mfu_actor_pct": "verl_mfu_pct",
     "pred_peak_mem_gib": "pred_mem_gib",
     "train_parallel": "train",
     "infer_parallel": "rollout",

@@ -106,3 +106,28 @@ def test_profile_round_trip_and_bad_files(workdir: Path) -> None:
         load_profile(p)
     with pytest.raises(UserError, match="no calibration profile"):
         load_profile(workdir / "missing.json")
+
+
+def test_an_old_megatron_rows_phases_both_mean_the_whole_step(tmp_path: Path) -> None:
+    """A schema-2 megatron row timed old_log_prob over the mini-batches run and scaled only the
+    update to the step: calibration (and validation, through case_from_row) reads both phases
+    as the whole step's, as the cost model predicts them (issue 19, item 4)."""
+    from tuner.estimate.validate import predicted_phase
+    from tuner.results import read_rows
+
+    repo = Path(__file__).resolve().parents[2]
+    raw = read_raw(repo / "results" / "moe8k-h200-x2.csv")
+    row = next(r for r in raw if r["status"] == "ok" and r["old_log_prob_s"])
+    row["extra"] = row["extra"].replace("mini_batches_per_step=2;", "mini_batches_per_step=8;")
+    path = tmp_path / "old.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        w.writeheader()
+        w.writerow(row)
+    obs = {o.phase: o for o in observations_from_rows(read_rows(path))}
+    assert set(obs) == {"old_log_prob", "update_actor"}
+    logp = obs["old_log_prob"]
+    assert logp.measured_s == pytest.approx(4 * float(row["old_log_prob_s"]), rel=1e-5)
+    assert obs["update_actor"].measured_s == pytest.approx(float(row["update_actor_s"]))
+    # compared with the cost model's whole-step phase
+    assert predicted_phase(logp.case.predict(Profile()), "old_log_prob") > 0

@@ -60,9 +60,9 @@ def test_a_dapo_row_keeps_the_default_mean_and_says_what_its_mfu_allows(anchors:
     assert 1100 < bound < 1400
     assert case.notes.startswith("response mean 1229: default, no token counts")
     assert f"<= {bound}" in case.notes
-    assert mfu_response_bound({**rows["5"], "mfu_pct": ""}, case) == 0
+    assert mfu_response_bound({**rows["5"], "verl_mfu_actor_pct": ""}, case) == 0
     # a higher MFU over the same time means more FLOPs, hence a longer mean
-    more = mfu_response_bound({**rows["5"], "mfu_pct": "40"}, case)
+    more = mfu_response_bound({**rows["5"], "verl_mfu_actor_pct": "40"}, case)
     assert more > bound
 
 

@@ -146,12 +146,22 @@ def test_ok_row_has_both_phases_memory_three_ways_and_launch_time(tmp_path: Path
     t = trial(tmp_path)
     row = fake_runner(tmp_path, "ok").run(t)
     assert row.status is Status.OK, row.reason
-    per_step = t.workload.mini_batches_per_step
-    assert row.update_actor_s == pytest.approx(2.0 * per_step / 2)
-    assert row.old_log_prob_s == 1.0
+    scale = t.workload.mini_batches_per_step / 2
+    assert scale > 1  # the test means something only where the run is part of the step
+    # both phases mean the whole step, as the cost model's and verl's do; the measured times of
+    # the mini-batches run stay in `extra`
+    assert row.update_actor_s == pytest.approx(2.0 * scale)
+    assert row.old_log_prob_s == pytest.approx(1.0 * scale)
+    assert row.extra["old_log_prob_s_run"] == 1.0 and row.extra["update_s_run"] == 2.0
     assert row.step_s is None and row.generation_s is None
     assert row.backend.startswith("megatron-core: old_log_prob + update_actor")
-    assert row.tokens_per_s_per_gpu == 125.0 and row.mfu_pct == 30.0
+    assert row.tokens_per_s_per_gpu == 125.0
+    # the update's MFU by the tuner's one formula over the update's measured time (the worker's
+    # 30%, both phases' FLOPs over both phases' time, is not it)
+    lengths = json.loads((t.trial_dir / "spec.json").read_text())["batch"]["sequence_lengths"]
+    peak = t.cluster.gpu.bf16_tflops * 1e12 * t.cluster.num_gpus
+    assert row.mfu_update_pct == pytest.approx(100 * t.model.training_flops(lengths) / 2.0 / peak)
+    assert row.verl_mfu_actor_pct is None
     assert (row.peak_mem_gib, row.peak_mem_reserved_gib, row.peak_mem_device_gib) == (
         40.0, 44.0, 47.5)  # fmt: skip
     assert row.launch_s == 20.0 and row.measured_s == 9.1
@@ -186,7 +196,9 @@ def test_should_stop_prunes_a_slow_trial_with_its_partial_times(tmp_path: Path):
     row = fake_runner(tmp_path, "slow").run(t)
     assert row.status is Status.PRUNED_SLOW
     assert asked[:2] == [(0, 50.0), (1, 50.0)]  # 800 tokens / 2 s / 8 GPUs
-    assert row.tokens_per_s_per_gpu == 50.0 and row.old_log_prob_s == 0.5
+    scale = t.workload.mini_batches_per_step / 2
+    assert row.tokens_per_s_per_gpu == 50.0 and row.old_log_prob_s == pytest.approx(0.5 * scale)
+    assert row.extra["old_log_prob_s_run"] == 0.5
     assert row.extra["wall_s"] < 30
     assert row.extra["pool_started"] is False  # one-shot launch: no pool
 

@@ -85,7 +85,7 @@ def test_step_3_from_verls_file_logger(verl_run: tuple[Path, str]) -> None:
     assert f["reshard_s"] == 3.5
     assert f["peak_mem_gib"] == 61.5
     assert f["peak_mem_reserved_gib"] == 70.0
-    assert f["mfu_pct"] == pytest.approx(28.5)
+    assert f["verl_mfu_actor_pct"] == pytest.approx(28.5) and "mfu_update_pct" not in f
     assert got.extra["total_num_tokens"] == 4_000_000
     assert got.extra["response_length_mean"] == 1800.5
     assert got.extra["prompt_length_mean"] == 204.0

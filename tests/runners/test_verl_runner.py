@@ -60,7 +60,7 @@ def test_ok_trial_reads_step_3(tmp_path: Path) -> None:
     assert res.step_s == 103.0
     assert (res.generation_s, res.old_log_prob_s, res.ref_s) == (50.0, 10.0, 9.0)
     assert (res.update_actor_s, res.reshard_s) == (25.0, 4.0)
-    assert res.mfu_pct == pytest.approx(31.0)
+    assert res.verl_mfu_actor_pct == pytest.approx(31.0) and res.mfu_update_pct is None
     assert (res.peak_mem_gib, res.peak_mem_reserved_gib) == (60.5, 70.25)
     assert "verl=0.9.1" in res.versions
     assert res.extra["metrics"] == "file" and res.extra["step"] == 3

@@ -342,7 +342,7 @@ def mfu_response_bound(row: dict[str, str], case: Case) -> int:
     mean that makes them equal is an upper bound on the row's mean response, not its value: the
     grpo rows, whose throughput gives the value, sit under their bounds by a few to over thirty
     percent (scripts/validate_estimator.py prints the spread)."""
-    mfu, seconds = number(row.get("mfu_pct")), case.measured.get("update_actor")
+    mfu, seconds = number(row.get("verl_mfu_actor_pct")), case.measured.get("update_actor")
     if not mfu or not seconds:
         return 0
     cl, m, w = case.cluster, case.model, case.workload

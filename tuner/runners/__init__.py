@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
 from tuner.errors import UserError
 from tuner.runners.base import Runner, TrialSpec
 from tuner.runners.estimate import EstimateRunner
 
-__all__ = ["EstimateRunner", "Runner", "TrialSpec", "gpu_available", "make_runner"]
+__all__ = [
+    "EstimateRunner",
+    "Runner",
+    "TrialSpec",
+    "gpu_available",
+    "make_runner",
+    "pinned_knobs",
+]
 
 RUNNER_NAMES = ("auto", "estimate", "megatron", "verl")
 
@@ -24,6 +32,17 @@ def gpu_available() -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and "GPU" in out.stdout
+
+
+def pinned_knobs(source: str) -> tuple[tuple[str, Any], ...]:
+    """The knobs a row of `source` (its runner) did not measure but pinned, as (name, pin):
+    the megatron runner's generation and kernel knobs (megatron.MEGATRON_PINNED); none for the
+    others (the verl runner runs every knob; the estimator measures nothing, as its rows say)."""
+    if source == "megatron":
+        from tuner.runners.megatron import MEGATRON_PINNED
+
+        return MEGATRON_PINNED
+    return ()
 
 
 def make_runner(name: str, **options: object) -> Runner:

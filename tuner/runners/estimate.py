@@ -37,7 +37,7 @@ class EstimateRunner(Runner):
             update_actor_s=e.update_actor_s,
             reshard_s=e.reshard_s,
             tokens_per_s_per_gpu=e.throughput_tokens_per_s_per_gpu,
-            mfu_pct=e.mfu * 100,
+            mfu_update_pct=e.mfu * 100,
             hardware="cost model",
             extra={
                 "memory": "estimate",

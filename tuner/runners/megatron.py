@@ -18,7 +18,10 @@ One trial, in order (each step a plain function of the previous one's output):
      TrialResult; without it, the log tells OOM from a crash.
 
 What the row means: `old_log_prob_s` and `update_actor_s` are measured (the median measured
-step's, the update scaled from the mini-batches that ran to the whole step, see `mini_batches`);
+step's), both scaled from the mini-batches that ran to the whole step (see `mini_batches`), so
+they mean what the cost model's and verl's phases mean; the times of the mini-batches run are in
+`extra` (`old_log_prob_s_run`, `update_s_run`); `mfu_update_pct` is the update's model FLOPs
+(ModelSpec.training_flops of the samples run) over its measured time x GPUs x the GPU's bf16 peak;
 `generation_s` and `step_s` are left empty (generation is not run here: the study writes the
 cost model's generation in its pred_ columns); `tokens_per_s_per_gpu` = tokens of the step run /
 (old_log_prob_s + update_actor_s of the mini-batches run) / GPUs; memory three ways, max over
@@ -44,7 +47,7 @@ from tuner.estimate import Estimate
 from tuner.hardware import Cluster
 from tuner.lengths import step_lengths
 from tuner.models import ModelSpec
-from tuner.results import Status, TrialResult
+from tuner.results import OLD_LOG_PROB_RUN, Status, TrialResult
 from tuner.runners.base import Predicted, Runner, TrialSpec, memory_view
 from tuner.runners.megatron_pool import PoolOutcome, WorkerPool
 from tuner.runners.megatron_refusals import megatron_refusals, unbuilt_recompute_modules
@@ -420,7 +423,7 @@ def to_trial_result(
     seen = watch.seen if watch is not None else []
     if r is None or r.status == "abandoned":
         if res.stopped or (r is not None and r.status == "abandoned"):
-            return _pruned(seen, spec, extra, common, r)
+            return _pruned(seen, spec, extra, common, r, scale)
         tail = res.tail()
         if res.timed_out:
             return TrialResult(
@@ -450,13 +453,15 @@ def to_trial_result(
         )
     extra["step_times_s"] = "/".join(f"{t:.3f}" for t in r.step_times_s)
     extra["update_s_run"] = round(r.update_actor_s or 0.0, 3)
+    if r.old_log_prob_s is not None:
+        extra[OLD_LOG_PROB_RUN] = round(r.old_log_prob_s, 4)
     upd = (r.update_actor_s or math.nan) * scale
     return TrialResult(
         status=Status.OK,
-        old_log_prob_s=r.old_log_prob_s,
+        old_log_prob_s=None if r.old_log_prob_s is None else r.old_log_prob_s * scale,
         update_actor_s=upd,
         tokens_per_s_per_gpu=r.tokens_per_s_per_gpu,
-        mfu_pct=r.mfu_pct,
+        mfu_update_pct=update_mfu_pct(spec, wspec, r.update_actor_s),
         peak_mem_gib=r.peak_mem_allocated_gib,
         peak_mem_reserved_gib=r.peak_mem_reserved_gib,
         peak_mem_device_gib=r.peak_mem_device_gib,
@@ -467,10 +472,29 @@ def to_trial_result(
     )
 
 
+def update_mfu_pct(
+    spec: TrialSpec, wspec: dict[str, Any], update_run_s: float | None
+) -> float | None:
+    """The actor update's MFU in percent: ModelSpec.training_flops of the samples run (the
+    tuner's one formula, as the cost model's) over the update's measured time of those samples
+    x GPUs x the study's GPU's dense bf16 peak; None without a time."""
+    if not update_run_s or update_run_s <= 0:
+        return None
+    cl = spec.cluster
+    flops = spec.model.training_flops(wspec["batch"]["sequence_lengths"])
+    return 100.0 * flops / (update_run_s * cl.num_gpus * cl.gpu.bf16_tflops * 1e12)
+
+
 def _pruned(
-    seen: list[Any], spec: TrialSpec, extra: dict[str, Any], common: dict[str, Any], r: Any
+    seen: list[Any],
+    spec: TrialSpec,
+    extra: dict[str, Any],
+    common: dict[str, Any],
+    r: Any,
+    scale: float,
 ) -> TrialResult:
-    """A trial stopped early: PRUNED_SLOW with the times of the steps it measured."""
+    """A trial stopped early: PRUNED_SLOW with the times of the steps it measured (old_log_prob
+    scaled to the step, as an ok row's)."""
     world = spec.cluster.num_gpus
     if r is not None and r.peak_mem_allocated_gib is not None:
         common = {**common, "peak_mem_gib": r.peak_mem_allocated_gib,
@@ -481,11 +505,12 @@ def _pruned(
         return TrialResult(status=Status.PRUNED_SLOW, reason="stopped early", extra=extra, **common)
     last = seen[-1]
     extra["step_times_s"] = "/".join(f"{p.seconds:.3f}" for p in seen)
+    extra[OLD_LOG_PROB_RUN] = round(last.old_log_prob_s, 4)
     return TrialResult(
         status=Status.PRUNED_SLOW,
         reason=f"stopped after measured step {last.step}: "
         f"{last.tokens_per_s_per_gpu(world):.0f} tokens/s/GPU",
-        old_log_prob_s=last.old_log_prob_s,
+        old_log_prob_s=last.old_log_prob_s * scale,
         tokens_per_s_per_gpu=last.tokens_per_s_per_gpu(world),
         extra=extra,
         **common,

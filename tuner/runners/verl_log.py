@@ -123,7 +123,7 @@ class StepMeasures:
 
     step: int
     fields: dict[str, float]
-    """TrialResult field -> value (mfu_pct in percent)."""
+    """TrialResult field -> value (verl_mfu_actor_pct in percent)."""
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -136,7 +136,7 @@ def measures(steps: dict[int, dict[str, float]], step: int = MEASURED_STEP) -> S
     if "step_s" not in out and "timing_s/step" in data:
         out["step_s"] = data["timing_s/step"]
     if "perf/mfu/actor" in data:
-        out["mfu_pct"] = 100.0 * data["perf/mfu/actor"]
+        out["verl_mfu_actor_pct"] = 100.0 * data["perf/mfu/actor"]
     extra = {f: data[k] for f, k in EXTRA.items() if k in data}
     return StepMeasures(step=step, fields=out, extra=extra)
 

@@ -18,6 +18,7 @@ import optuna
 from tuner import recipes
 from tuner.errors import UserError
 from tuner.results import Status, TrialRecord, rank, row_of
+from tuner.runners import pinned_knobs
 from tuner.space import Candidate, SearchSpace, sample
 from tuner.study.grid import hand_grid_params, verl_example_params
 from tuner.study.learn import SlowerThanBestPruner, StudyLearner, should_stop_for
@@ -356,6 +357,8 @@ def _loop(
 
 
 def _ok_rows(s: _Study) -> list[dict[str, str]]:
+    """The ok rows, the fastest first, each candidate once (a repeat's copied result is not a
+    second best row: recipes.distinct)."""
     got = s.study.user_attrs.get(RECIPES_ATTR)
     recipes_by_trial = got if isinstance(got, dict) else {}
     rows = []
@@ -364,7 +367,7 @@ def _ok_rows(s: _Study) -> list[dict[str, str]]:
             row = row_of(r.to_dict())
             row["recipe"] = recipes_by_trial.get(row["trial"], row["recipe"])
             rows.append(row)
-    return rank(rows, status="ok")
+    return recipes.distinct(rank(rows, status="ok"))
 
 
 def write_best_recipes(req: TuneRequest, s: _Study) -> list[Path]:
@@ -382,6 +385,8 @@ def write_best_recipes(req: TuneRequest, s: _Study) -> list[Path]:
             req.workload,
             origin=recipes.origin_of(req.csv_path, row),
             settings=VerlSettings.from_record(row),
+            pinned=pinned_knobs(row["source"]),
+            runner=row["source"],
         )
         path = recipes.write(
             recipe, req.recipes_dir / recipes._slug(req.model.name), suffix=f"t{row['trial']}"

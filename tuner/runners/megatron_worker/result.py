@@ -31,26 +31,16 @@ FLOPS_FORMULA = (
 
 def active_matmul_params(m: ModelSpec) -> int:
     """Weights of the matrix products one token passes through (biases, norms and the
-    embedding lookup excluded; the output layer included)."""
-    q = m.num_attention_heads * m.head_dim
-    kv = m.num_kv_heads * m.head_dim
-    attn = m.hidden_size * (q + 2 * kv) + q * m.hidden_size
-    if m.is_moe:
-        mlp = m.moe_topk * 3 * m.hidden_size * m.moe_ffn_hidden_size + m.hidden_size * m.num_experts
-    else:
-        mlp = 3 * m.hidden_size * m.ffn_hidden_size
-    return m.num_layers * (attn + mlp) + m.hidden_size * m.vocab_size
+    embedding lookup excluded; the output layer included): ModelSpec.matmul_params."""
+    return m.matmul_params
 
 
 def model_flops(
     m: ModelSpec, sequence_lengths: Sequence[int], *, forward_only: bool = False
 ) -> float:
     """FLOPs of one pass over `sequence_lengths`: forward + backward (3 x forward), or the
-    forward alone (FLOPS_FORMULA)."""
-    tokens = sum(sequence_lengths)
-    sq = sum(s * s for s in sequence_lengths)
-    q = m.num_attention_heads * m.head_dim
-    full = 6.0 * active_matmul_params(m) * tokens + 6.0 * m.num_layers * q * sq
+    forward alone (FLOPS_FORMULA): ModelSpec.training_flops, the tuner's one formula."""
+    full = m.training_flops(sequence_lengths)
     return full / 3.0 if forward_only else full
 
 
@@ -86,6 +76,8 @@ class WorkerResult:
     tokens_per_s_per_gpu: float | None = None
     """tokens / step_s / world."""
     mfu_pct: float | None = None
+    """Both phases' model FLOPs over both phases' time (the worker's own line; the row's
+    mfu_update_pct, the update's alone, is the runner's: megatron.update_mfu_pct)."""
     flops_formula: str = FLOPS_FORMULA
     model_tflops_per_step: float | None = None
     peak_mem_allocated_gib: float | None = None
