@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tuner.cli import main
 from tuner.errors import UserError
 from tuner.fileio import write_atomic
 from tuner.results import (
@@ -318,3 +319,18 @@ def test_schema_1_megatron_rows_measured_the_update_alone() -> None:
             assert "measured=actor update" in raw["extra"]
             rec = TrialRecord.from_row(raw)
             assert rec.mfu_update_pct == pytest.approx(float(raw["mfu_pct"]))
+
+
+def test_an_old_mfu_that_is_no_number_is_kept_for_the_checks_to_refuse(tmp_path: Path) -> None:
+    """A damaged mfu_pct of an old file is not dropped on the way: it lands in its new column,
+    where the commands' checks name it (tests/test_bad_input.py)."""
+    path = tmp_path / "old.csv"
+    row = {c: "" for c in COLUMNS} | {"schema_version": "2", "study": "s", "trial": "0"}
+    row |= {"status": "ok", "source": "estimate", "mfu_pct": "fast"}
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["mfu_pct", *row.keys() - {"mfu_pct"}])
+        w.writeheader()
+        w.writerow(row)
+    (got,) = read_rows(path)
+    assert got["mfu_update_pct"] == "fast" and "mfu_pct" not in got
+    assert main(["show", str(path)]) == 2
