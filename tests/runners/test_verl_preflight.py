@@ -244,6 +244,8 @@ def test_on_a_cluster_the_overrides_are_composed_here() -> None:
     r = VerlRunner(model_path="/m", launcher=SlurmLauncher(partition="p"), settings=bad)
     with pytest.raises(UserError, match="no_such"):
         r.preflight()
-    ok = VerlSettings.parse(bridge=None, overrides=["actor_rollout_ref.rollout.free_cache_engine=True"])
+    ok = VerlSettings.parse(
+        bridge=None, overrides=["actor_rollout_ref.rollout.free_cache_engine=True"]
+    )
     r = VerlRunner(model_path="/m", launcher=SlurmLauncher(partition="p"), settings=ok)
     assert r.preflight() is None
