@@ -17,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -1165,14 +1166,18 @@ def test_no_layout_fits_is_exit_2(
     workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A GPU count no layout fits ended with exit 0 and "no trial finished ok"; the README
-    promises exit 2 and one line (the study's pruned rows stay, saying why each did not fit)."""
-    import tuner.study.loop
-
-    monkeypatch.setattr(tuner.study.loop, "MAX_CONSECUTIVE_UNFIT", 5)
-    argv = ["--model", "llama3.1-70b", "--gpus", "1", "--no-progress", "--no-warm-start"]
-    assert _within(SECONDS, main, argv) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "were predicted not to fit a h100" in lines[0], lines
+    promises exit 2 and one line, and nothing is written (no storage, no leaderboard)."""
+    for argv in (
+        ["--model", "llama3.1-70b", "--gpus", "1", "--no-progress", "--no-warm-start"],
+        ["--model", "qwen2.5-7b", "--gpus", "1", "--response-len", "100000000"],
+    ):
+        t0 = time.monotonic()
+        assert _within(SECONDS, main, argv) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "no configuration of" in lines[0], lines
+        assert "fits 1x h100" in lines[0] and "--gpus" in lines[0]
+        assert time.monotonic() - t0 < 10
+        assert not list(workdir.iterdir())
 
 
 def test_a_bom_copy_of_a_leaderboard_is_read(leaderboards: Path, workdir: Path) -> None:

@@ -85,15 +85,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_request_paths(req)
     # before the space is drawn: the verl runner's preflight decides what the host can run
     runner.check_available(setup.cluster)
+    limits = runner.space_limits(setup.model)
+    refuse_if_nothing_fits(req, limits)  # before the storage or the leaderboard is written
     if args.runner == "auto" and runner.name == "estimate":
         print(
             "tune: no GPU here: using the estimator (rows say source=estimate; nothing is measured)"
         )
     else:
         print(f"tune: runner {runner.name}")
-    why = runner.space_limits(setup.model).why
-    if why:
-        print(f"tune: {why}")
+    if limits.why:
+        print(f"tune: {limits.why}")
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -132,6 +133,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"tune: {note}", file=sys.stderr)
     print(summary_text(summary))
     return 0
+
+
+def refuse_if_nothing_fits(req: Any, limits: Any) -> None:
+    """UserError (exit 2, nothing written) when no candidate of the study's space is predicted
+    to fit its GPUs: the README's promise for a GPU count no layout fits."""
+    from tuner.space import SearchSpace
+    from tuner.study.warmstart import nothing_fits_why
+
+    space = SearchSpace(model=req.model, cluster=req.cluster, workload=req.workload, limits=limits)
+    space.check_nonempty()
+    why = nothing_fits_why(
+        space, req.profile, req.runner, seed=req.seed, headroom_gib=req.headroom_gib
+    )
+    if why:
+        raise UserError(why)
 
 
 def nothing_fits(summary: Any) -> bool:

@@ -82,6 +82,44 @@ def warm_start_params(
     return out
 
 
+FIT_CHECK_POOL = 400
+"""Random candidates scored before a study starts to tell whether anything fits at all."""
+
+
+def nothing_fits_why(
+    space: SearchSpace,
+    profile: Profile,
+    runner: Runner | None = None,
+    *,
+    seed: int = 0,
+    headroom_gib: float | None = None,
+    pool: int = FIT_CHECK_POOL,
+) -> str:
+    """Why no configuration of this space can run ('' when one of the reference layouts or of
+    `pool` random candidates is predicted to fit): the smallest predicted device total against
+    the GPU's memory. A study of such a space would only prune; the CLI refuses it before it
+    writes anything."""
+    m, cl, w = space.model, space.cluster, space.workload
+    runner = runner or EstimateRunner()
+    rng = random.Random(seed)
+    cands = [c for c, _ in reference_candidates(m, cl, w) if c.layout.notation in space.layouts]
+    cands += [sample(RandomSuggester(rng), space) for _ in range(pool)]
+    smallest = float("inf")
+    for c in cands:
+        if validate(c, m, cl, w):
+            continue
+        p = runner.predicted(estimate(c, m, cl, w, profile, headroom_gib=headroom_gib), cl)
+        if not p.unfit:
+            return ""
+        smallest = min(smallest, p.device_gib or p.peak_gib)
+    return (
+        f"no configuration of {m.name} fits {cl.num_gpus}x {cl.gpu.name}: the smallest of "
+        f"{len(cands)} candidates is predicted at {smallest:.0f} GiB a GPU "
+        f"({cl.gpu.memory_gib:g} GiB, less the headroom): use more GPUs (--gpus), a GPU with "
+        "more memory (--gpu) or a shorter workload (--response-len, --batch)"
+    )
+
+
 def enqueue_warm_start(study: optuna.Study, params: list[tuple[dict[str, Any], str]]) -> bool:
     """Enqueue the warm start unless this study has it already; call under the study lock.
     Returns whether it enqueued."""
