@@ -413,3 +413,22 @@ def test_enforce_eager_is_exported_and_verls_default_is_cuda_graphs(
         text = recipes.render(replace(c, enforce_eager=eager), m, cl, w).text
         lines = [line.strip() for line in text.splitlines()]
         assert f"actor_rollout_ref.rollout.enforce_eager={eager} \\" in lines
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_the_bridge_reaches_every_megatron_model(
+    algorithm: str, compose: Callable[[list[str]], Any], model_dir: Path
+) -> None:
+    """--verl-bridge mbridge: the ref follows the actor (oc.select), but PPO's critic has its
+    own vanilla_mbridge (False): it was left on Megatron-Bridge, which the host may lack."""
+    from tuner.verl_settings import VerlSettings
+
+    c, m, cl, w, _ = CHOSEN[0]
+    w = w.with_overrides(algorithm=algorithm)
+    ov = verl_command.overrides(
+        c, m, cl, w, model_path=str(model_dir), settings=VerlSettings(bridge="mbridge")
+    )
+    cfg = compose(verl_command.override_args(ov))
+    assert cfg.actor_rollout_ref.actor.megatron.vanilla_mbridge is True
+    assert cfg.actor_rollout_ref.ref.megatron.vanilla_mbridge is True
+    assert cfg.critic.megatron.vanilla_mbridge is (algorithm == "ppo")

@@ -134,6 +134,8 @@ def tuner_keys() -> dict[str, str]:
     for key in ("data.train_files", "data.val_files", "actor_rollout_ref.model.path"):
         out[key] = "the study (--model-path, --train-file)"
     out["reward.custom_reward_function.path"] = "the study (--reward-fn)"
+    for key in critic_overrides(dict.fromkeys(out), ""):  # PPO's critic copies the actor's
+        out.setdefault(bare_key(key), "the critic's copy of the actor's layout")
     from tuner.hardware import get_gpu
 
     one = Cluster(gpu=get_gpu("h100"), num_gpus=1)
@@ -177,7 +179,8 @@ def overrides(
         for key in [k for k in out if k.startswith(f"{REF}.")]:
             out.pop(key)
     if settings is not None:
-        out.update({k: Raw(v) for k, v in settings.hydra_overrides().items()})
+        given = settings.hydra_overrides(critic=w.algorithm == "ppo")
+        out.update({k: Raw(v) for k, v in given.items()})
     return out
 
 

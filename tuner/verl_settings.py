@@ -12,13 +12,14 @@ from dataclasses import dataclass
 
 from tuner.errors import UserError
 
-ACTOR_MEGATRON = "actor_rollout_ref.actor.megatron"
 BRIDGES: dict[str, bool] = {"megatron-bridge": False, "mbridge": True}
-"""Bridge name -> `actor_rollout_ref.actor.megatron.vanilla_mbridge`. verl 0.9.1 builds Megatron
-models only through a bridge (verl/workers/engine/megatron/transformer_impl.py: `vanilla_mbridge`
-imports verl/models/mcore/mbridge.py -> `mbridge`, else verl/models/mcore/bridge.py ->
-`megatron.bridge`); the ref and critic inherit the actor's value (ref/megatron_ref.yaml
-`oc.select`)."""
+"""Bridge name -> `vanilla_mbridge`. verl 0.9.1 builds Megatron models only through a bridge
+(verl/workers/engine/megatron/transformer_impl.py: `vanilla_mbridge` imports
+verl/models/mcore/mbridge.py -> `mbridge`, else verl/models/mcore/bridge.py -> `megatron.bridge`).
+The ref inherits the actor's value (ref/megatron_ref.yaml `oc.select`); PPO's critic has its own
+(critic/megatron_critic.yaml takes engine/megatron.yaml: False), so it is set too."""
+BRIDGE_KEY = "megatron.vanilla_mbridge"
+"""The bridge's key below the actor and the critic."""
 BRIDGE_MODULES: dict[str, str] = {"megatron-bridge": "megatron.bridge", "mbridge": "mbridge"}
 BRIDGE_PACKAGES: dict[str, str] = {"megatron-bridge": "megatron-bridge", "mbridge": "mbridge"}
 DEFAULT_BRIDGE = "megatron-bridge"
@@ -83,6 +84,8 @@ class VerlSettings:
             )
         seen: set[str] = set()
         for key, _ in self.overrides:
+            if bare_key(key).endswith(BRIDGE_KEY):
+                raise UserError(f"--verl-override {bare_key(key)}: use --verl-bridge instead")
             if bare_key(key) in seen:
                 raise UserError(f"--verl-override {bare_key(key)} is given twice: keep one")
             seen.add(bare_key(key))
@@ -112,9 +115,13 @@ class VerlSettings:
     def bridge_module(self) -> str:
         return BRIDGE_MODULES[self.bridge]
 
-    def hydra_overrides(self) -> dict[str, str]:
-        """key -> Hydra text of the bridge and the user's overrides, in order."""
-        out = {f"{ACTOR_MEGATRON}.vanilla_mbridge": "True" if BRIDGES[self.bridge] else "False"}
+    def hydra_overrides(self, *, critic: bool = False) -> dict[str, str]:
+        """key -> Hydra text of the bridge (the actor's, and the critic's with `critic`) and the
+        user's overrides, in order."""
+        vanilla = "True" if BRIDGES[self.bridge] else "False"
+        out = {f"actor_rollout_ref.actor.{BRIDGE_KEY}": vanilla}
+        if critic:
+            out[f"critic.{BRIDGE_KEY}"] = vanilla
         out.update(self.overrides)
         return out
 

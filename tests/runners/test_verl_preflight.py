@@ -249,3 +249,10 @@ def test_on_a_cluster_the_overrides_are_composed_here() -> None:
     )
     r = VerlRunner(model_path="/m", launcher=SlurmLauncher(partition="p"), settings=ok)
     assert r.preflight() is None
+
+
+def test_the_bridge_is_set_by_its_option_not_an_override() -> None:
+    """An override of vanilla_mbridge would make the row's verl_bridge lie."""
+    for key in ("actor_rollout_ref.actor.megatron", "critic.megatron"):
+        with pytest.raises(UserError, match="use --verl-bridge"):
+            VerlSettings.parse(bridge="mbridge", overrides=[f"{key}.vanilla_mbridge=False"])
