@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 from tuner.errors import UserError, redact
 from tuner.fileio import CSV_MAX_BYTES, JSON_MAX_BYTES, check_input_file, read_input
+from tuner.verl_settings import split_env, split_override
 
 MAX_NAME_CHARS = 100
 """Longest study name: it becomes file names (`<study>.csv`, `<study>/trials/`) and Optuna's
@@ -82,16 +83,13 @@ def positive_int(text: str) -> int:
     return v
 
 
-def _checked_by(check_name: str, doc: str) -> Any:
-    """An argparse type that runs tuner.verl_settings' `check_name` on the text (its UserError
-    becomes argparse's message) and returns the text."""
+def _checked_by(check: Callable[[str], object], doc: str) -> Callable[[str], str]:
+    """An argparse type that runs `check` on the text (its UserError becomes argparse's
+    message) and returns the text."""
 
     def arg(text: str) -> str:
-        from tuner import verl_settings
-        from tuner.errors import UserError
-
         try:
-            getattr(verl_settings, check_name)(text)
+            check(text)
         except UserError as e:
             raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
         return text
@@ -101,11 +99,11 @@ def _checked_by(check_name: str, doc: str) -> Any:
 
 
 verl_override_text = _checked_by(
-    "split_override",
+    split_override,
     "`KEY=VALUE`, a Hydra override of verl's config (the keys are checked against verl's own "
     "config by the verl runner's preflight).",
 )
-env_assignment = _checked_by("split_env", "`NAME=VALUE`, a variable for every verl trial.")
+env_assignment = _checked_by(split_env, "`NAME=VALUE`, a variable for every verl trial.")
 
 
 def non_negative_int(text: str) -> int:

@@ -61,7 +61,7 @@ from tuner.runners.verl_log import (
 )
 from tuner.runners.verl_preflight import Preflight, preflight, run_probe
 from tuner.space import SpaceLimits
-from tuner.verl_settings import VerlSettings
+from tuner.verl_settings import VerlSettings, bare_key
 
 LOG_NAME = "verl.log"
 COMMAND_NAME = "command.sh"
@@ -156,7 +156,7 @@ class VerlRunner(Runner):
         """A `--verl-override` of a key the tuner sets would make the row lie: refused."""
         owned = verl_command.tuner_keys()
         for key, _ in self.user_settings.overrides:
-            bare = key.lstrip("+")
+            bare = bare_key(key)
             if bare in owned:
                 raise UserError(f"--verl-override {bare}: it is set by {owned[bare]}; leave it out")
 
@@ -168,7 +168,8 @@ class VerlRunner(Runner):
             return None
         if self.launcher.name != "local":
             if self.user_settings.overrides and importlib.util.find_spec("verl") is not None:
-                error = run_probe(sys.executable, self.user_settings).get("compose_error")
+                found = run_probe(sys.executable, self.user_settings, compose_only=True)
+                error = found.get("compose_error")
                 if error:
                     raise UserError(f"--verl-override: verl's config refuses it: {error}")
             return None
@@ -397,8 +398,8 @@ class DeviceMemorySampler:
 
     def __enter__(self) -> DeviceMemorySampler:
         if self.enabled and shutil.which("nvidia-smi"):
-            with contextlib.suppress(OSError):
-                out = open(self.path, "wb")  # noqa: SIM115 - closed with the process
+            # the child keeps its own copy of the file's descriptor
+            with contextlib.suppress(OSError), open(self.path, "wb") as out:
                 self._proc = subprocess.Popen(
                     [
                         "nvidia-smi",
@@ -410,7 +411,6 @@ class DeviceMemorySampler:
                     stderr=subprocess.DEVNULL,
                     stdin=subprocess.DEVNULL,
                 )
-                out.close()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -45,10 +45,21 @@ class Preflight:
         return " ".join(f"{k}={v}" for k, v in self.versions.items() if v)
 
 
-def run_probe(python: str, settings: VerlSettings, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
-    """Run the probe with `python`; its JSON, or UserError when it cannot run at all."""
+def run_probe(
+    python: str,
+    settings: VerlSettings,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    *,
+    compose_only: bool = False,
+) -> dict:
+    """Run the probe with `python`; its JSON, or UserError when it cannot run at all.
+    `compose_only`: the overrides composed with verl's config, no other import."""
     args = json.dumps(
-        {"bridge_module": settings.bridge_module, "overrides": settings.override_args()}
+        {
+            "bridge_module": settings.bridge_module,
+            "overrides": settings.override_args(),
+            "compose_only": compose_only,
+        }
     )
     try:
         done = subprocess.run(

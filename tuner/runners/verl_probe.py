@@ -118,6 +118,8 @@ def _compose(overrides: list[str]) -> str:
 
 def probe(args: dict[str, Any]) -> dict[str, Any]:
     t0 = time.monotonic()
+    if args.get("compose_only"):  # where the trials run elsewhere: the overrides only
+        return {"compose_error": _compose(list(args.get("overrides", [])))}
     imports = dict(IMPORTS)
     if args.get("bridge_module"):
         imports["bridge"] = str(args["bridge_module"])

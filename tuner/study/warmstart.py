@@ -4,15 +4,17 @@ per study, the predicted-best first."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
 
 from tuner.estimate import Profile, estimate
 from tuner.references import reference_candidates
-from tuner.runners.base import Runner
+from tuner.runners.base import Predicted, Runner
 from tuner.runners.estimate import EstimateRunner
-from tuner.space import RandomSuggester, SearchSpace, params_for, sample, validate
+from tuner.space import Candidate, RandomSuggester, SearchSpace, params_for, sample, validate
 
 WARM_START_POOL = 2000
 """Random candidates the estimator ranks before a new study starts."""
@@ -20,6 +22,46 @@ WARM_START_BEST = 3
 """How many of the estimator's best are tried first."""
 WARM_START_ATTR = "warm_start_enqueued"
 """Study user attr set once the warm start is enqueued (under the study lock)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A candidate of the warm start's pool with the runner's view of the cost model."""
+
+    candidate: Candidate
+    origin: str
+    """A reference setup's label, or `estimator` for a random draw."""
+    predicted: Predicted
+    params: dict[str, Any]
+    """Its sampler parameters."""
+
+
+def scored_candidates(
+    space: SearchSpace,
+    profile: Profile,
+    runner: Runner | None,
+    seed: int,
+    pool: int,
+    headroom_gib: float | None,
+) -> Iterator[Scored]:
+    """The valid reference layouts this space holds (scaled to its GPU count), then `pool`
+    random draws of `seed` (not validated: the sampler's), each with the runner's prediction,
+    lazily: one pool for the warm start and for the check that anything fits."""
+    m, cl, w = space.model, space.cluster, space.workload
+    runner = runner or EstimateRunner()
+
+    def scored(c: Candidate, origin: str, params: dict[str, Any]) -> Scored:
+        e = estimate(c, m, cl, w, profile, headroom_gib=headroom_gib)
+        return Scored(c, origin, runner.predicted(e, cl), params)
+
+    for c, origin in reference_candidates(m, cl, w):
+        if c.layout.notation in space.layouts and not validate(c, m, cl, w):
+            yield scored(c, origin, params_for(c, space))
+    rng = random.Random(seed)
+    for _ in range(pool):
+        s = RandomSuggester(rng)
+        c = sample(s, space)
+        yield scored(c, "estimator", s.params)
 
 
 def warm_start_params(
@@ -37,23 +79,12 @@ def warm_start_params(
     best, reference, 2nd best, reference, ... A slow (e.g. offloaded) reference layout thus
     never goes first; each candidate appears once. `headroom_gib`: the study's (--headroom-gib),
     None for the default."""
-    m, cl, w = space.model, space.cluster, space.workload
-    runner = runner or EstimateRunner()
     refs: list[tuple[float, dict[str, Any], str]] = []
-    for c, origin in reference_candidates(m, cl, w):
-        if c.layout.notation not in space.layouts or validate(c, m, cl, w):
-            continue
-        p = runner.predicted(estimate(c, m, cl, w, profile, headroom_gib=headroom_gib), cl)
-        if not p.unfit:
-            refs.append((p.tokens_per_s_per_gpu, params_for(c, space), origin))
-    rng = random.Random(seed)
     scored: list[tuple[float, dict[str, Any], str]] = []
-    for _ in range(pool):
-        s = RandomSuggester(rng)
-        c = sample(s, space)
-        p = runner.predicted(estimate(c, m, cl, w, profile, headroom_gib=headroom_gib), cl)
-        if not p.unfit:
-            scored.append((p.tokens_per_s_per_gpu, s.params, "estimator"))
+    for cand in scored_candidates(space, profile, runner, seed, pool, headroom_gib):
+        if not cand.predicted.unfit:
+            into = scored if cand.origin == "estimator" else refs
+            into.append((cand.predicted.tokens_per_s_per_gpu, cand.params, cand.origin))
     refs.sort(key=lambda x: -x[0])
     scored.sort(key=lambda x: -x[0])
     out: list[tuple[dict[str, Any], str]] = []
@@ -100,21 +131,17 @@ def nothing_fits_why(
     the GPU's memory. A study of such a space would only prune; the CLI refuses it before it
     writes anything."""
     m, cl, w = space.model, space.cluster, space.workload
-    runner = runner or EstimateRunner()
-    rng = random.Random(seed)
-    cands = [c for c, _ in reference_candidates(m, cl, w) if c.layout.notation in space.layouts]
-    cands += [sample(RandomSuggester(rng), space) for _ in range(pool)]
-    smallest = float("inf")
-    for c in cands:
-        if validate(c, m, cl, w):
+    smallest, n = float("inf"), 0
+    for cand in scored_candidates(space, profile, runner, seed, pool, headroom_gib):
+        n += 1
+        if validate(cand.candidate, m, cl, w):
             continue
-        p = runner.predicted(estimate(c, m, cl, w, profile, headroom_gib=headroom_gib), cl)
-        if not p.unfit:
+        if not cand.predicted.unfit:
             return ""
-        smallest = min(smallest, p.device_gib or p.peak_gib)
+        smallest = min(smallest, cand.predicted.device_gib or cand.predicted.peak_gib)
     return (
         f"no configuration of {m.name} fits {cl.num_gpus}x {cl.gpu.name}: the smallest of "
-        f"{len(cands)} candidates is predicted at {smallest:.0f} GiB a GPU "
+        f"{n} candidates is predicted at {smallest:.0f} GiB a GPU "
         f"({cl.gpu.memory_gib:g} GiB, less the headroom): use more GPUs (--gpus), a GPU with "
         "more memory (--gpu) or a shorter workload (--response-len, --batch)"
     )
