@@ -162,6 +162,13 @@ def test_an_agent_loop_error_is_its_cause_not_a_config_error() -> None:
     assert root_exception(text).startswith("ValueError: Expected Qwen newline to tokenize")
 
 
+def test_an_import_error_that_is_no_missing_module_is_not_called_one() -> None:
+    """`cannot import name` is two versions that do not go together, not a package to install."""
+    text = "Traceback (most recent call last):\nImportError: cannot import name 'X' from 'y'\n"
+    assert classify(text) is None
+    assert root_exception(text) == "ImportError: cannot import name 'X' from 'y'"
+
+
 def test_the_root_exception_is_the_first_one_a_wrapper_carries() -> None:
     text = (
         "Traceback (most recent call last):\n"

@@ -272,20 +272,22 @@ def _oom_detail(line: str) -> str:
     return _short(line, 160)
 
 
+def _exception_lines(text: str) -> list[str]:
+    """The log's lines that look like a raised exception, shortened, in order."""
+    lines = (_short(ln) for ln in strip_ansi(text).splitlines())
+    return [s for s in lines if _EXC_LINE.match(s) and not s.startswith("Set the environment")]
+
+
 def last_exception(text: str) -> str:
-    """The last line that looks like a raised exception, for an unclassified failure."""
-    lines = strip_ansi(text).splitlines()
-    for line in reversed(lines):
-        s = _short(line)
-        if _EXC_LINE.match(s) and not s.startswith("Set the environment variable"):
-            return s
-    tail = [s for s in (ln.strip() for ln in lines) if s]
+    """The last line that looks like a raised exception, else the last line of the log."""
+    found = _exception_lines(text)
+    if found:
+        return found[-1]
+    tail = [s for s in (ln.strip() for ln in strip_ansi(text).splitlines()) if s]
     return _short(tail[-1]) if tail else ""
 
 
-_MISSING_MODULE = re.compile(
-    r"(ModuleNotFoundError|ImportError): (No module named '([\w.]+)'.*|.*)"
-)
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '[\w.]+'")
 _WRAPPERS = re.compile(
     r"^(?:ray\.exceptions\.)?(?:RayTaskError|RayActorError|ActorDiedError|RaySystemError)"
     r"|^(?:hydra\.errors\.)?InstantiationException|^SystemExit|^KeyboardInterrupt"
@@ -296,8 +298,7 @@ _WRAPPERS = re.compile(
 def root_exception(text: str) -> str:
     """The first raised exception that is not a wrapper of another (Ray re-raises a worker's
     error in the driver, often more than once); the last exception line when all are."""
-    lines = [_short(ln) for ln in strip_ansi(text).splitlines()]
-    found = [s for s in lines if _EXC_LINE.match(s) and not s.startswith("Set the environment")]
+    found = _exception_lines(text)
     for s in found:
         if not _WRAPPERS.match(s):
             return s
