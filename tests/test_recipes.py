@@ -126,3 +126,36 @@ def test_best_recipes_are_one_per_candidate(workdir: Path) -> None:
     s.records = megatron
     paths = study_loop.write_best_recipes(req, s)  # type: ignore[arg-type]
     assert all(list(_pinned_block(p.read_text())) == [n for n, _ in MEGATRON_PINNED] for p in paths)
+
+
+def _write_many(directory: str, text: str, n: int) -> None:
+    from pathlib import Path
+
+    from tuner.recipes import Recipe, write
+
+    for _ in range(n):
+        write(Recipe(name="same.sh", text=text), Path(directory))
+
+
+def test_workers_writing_the_same_recipe_at_once_all_succeed(tmp_path: Path) -> None:
+    """Found by CI: three workers of one study wrote the same best recipe at once through one
+    fixed temporary name, and a worker failed ('.<name>.sh.tmp: No such file or directory')."""
+    import multiprocessing
+    import os
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [
+        ctx.Process(target=_write_many, args=(str(tmp_path), "#!/bin/sh\necho hi\n", 300))
+        for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    made = tmp_path / "same.sh"
+    assert made.read_text() == "#!/bin/sh\necho hi\n"
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert made.stat().st_mode & 0o777 == 0o777 & ~mask  # a script: executable
+    assert [p.name for p in tmp_path.iterdir()] == ["same.sh"]

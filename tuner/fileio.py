@@ -26,10 +26,12 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: Path | str, data: str | bytes) -> Path:
+def write_atomic(path: Path | str, data: str | bytes, *, executable: bool = False) -> Path:
     """Write `data` (text is UTF-8, newlines as given) to `path` atomically; returns the path.
 
-    The parent directory is created if missing."""
+    The parent directory is created if missing; a temporary file of its own per call, so
+    processes writing the same path at once each replace it whole. `executable`: mode 0777
+    less the umask (a script), else 0666 less the umask."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode() if isinstance(data, str) else data
@@ -38,7 +40,7 @@ def write_atomic(path: Path | str, data: str | bytes) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            os.fchmod(f.fileno(), (0o777 if executable else 0o666) & ~_umask())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from typing import Any
 
 from tuner import verl_command, versions
 from tuner.errors import UserError
+from tuner.fileio import write_atomic
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.space import Candidate
@@ -217,10 +217,6 @@ def write(recipe: Recipe, directory: Path, *, suffix: str = "") -> Path:
     path = directory / recipe.name
     if path.exists() and path.read_text() != recipe.text and suffix:
         path = directory / f"{recipe.name[:-3]}-{suffix}.sh"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(recipe.text)
-    umask = os.umask(0o022)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # executable as the user's umask allows: 0755 under 022
-    os.replace(tmp, path)
-    return path
+    # executable as the user's umask allows (0755 under 022); one temporary file per writer:
+    # workers of one study write the same best recipe at once
+    return write_atomic(path, recipe.text, executable=True)
