@@ -12,7 +12,10 @@
 # budgets matter): Qwen3-1.7B's architecture (scripts/models/qwen3-1.7b, random bf16 weights and
 # an offline tokenizer of its whole vocabulary: scripts/verl_model.py), prompts of 256 tokens,
 # responses of exactly 4096 (ignore_eos), 8 prompts x 4 responses, mini batch 4 (2 updates).
-# RESUME_FROM=<an earlier RESULTS folder or pack>: the study goes on from its storage.
+# RESUME_FROM=<an earlier RESULTS folder or pack>: the study goes on from its storage; RESULTS must
+# then be the folder the study began in (its CSV names its storage there): /tmp/vt-res4 for the
+# committed results/verl4k-h100-x1 (copy its .sqlite3 as studies.sqlite3 beside the CSV).
+# EXTRA="--verl-env KEY=VALUE ...": more tune options (word-split), recorded in the rows they set.
 set -u
 cmd=${1:?give start, status or pack}
 res=${2:?give a results folder}
@@ -42,7 +45,7 @@ case $cmd in
       --prompt-len 256 --prompt-mean 256 --response-len 4096 --response-mean 4096 \
       --batch 8 --n 4 --mini-batch 4 --verl-example --trials "$trials" --timeout "$budget" \
       --trial-timeout 900 --study "$study" --results-dir "$res" --recipes-dir "$res/recipes" \
-      --no-progress > "$res/$study.console.log" 2>&1 < /dev/null &
+      --no-progress ${EXTRA:-} > "$res/$study.console.log" 2>&1 < /dev/null &
     echo "gpu_verl_study: $study started (pid $!), budget $budget s, console $res/$study.console.log"
     ;;
   status)
@@ -57,10 +60,11 @@ case $cmd in
   pack)
     out=${3:?give an output folder}
     mkdir -p "$out"
-    # the logs' tails only (the full ones are large), the study's CSV, storage and recipes
+    # the logs whole and compressed (~30 KiB a trial: start-up is read from their timestamps),
+    # the study's CSV, storage and recipes; not the data
     tmp=$(mktemp -d)
     cp -r "$res"/. "$tmp"/
-    find "$tmp" -name 'verl.log' -exec sh -c 'tail -c 60000 "$1" > "$1.tail"; rm "$1"' _ {} \;
+    find "$tmp" -name '*.log' -exec gzip -f {} \;
     find "$tmp" -name '*.parquet' -delete
     tar czf "$out/$study.tgz" -C "$tmp" . && rm -rf "$tmp"
     cp "$res/$study.csv" "$out/" 2>/dev/null

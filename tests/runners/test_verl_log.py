@@ -183,3 +183,23 @@ def test_the_root_exception_is_the_first_one_a_wrapper_carries() -> None:
 def test_a_clean_log_is_no_failure(verl_run: tuple[Path, str]) -> None:
     _, console = verl_run
     assert classify(console) is None
+
+
+def test_a_real_h100_runs_metrics_file_gives_every_column() -> None:
+    """verl 0.9.1's own file-logger output of an ok trial on one H100 (trial 2 of
+    results/verl4k-h100-x1.csv): the actor's memory comes as `actor/perf/max_memory_*`,
+    which the row must still read (it was left empty before)."""
+    steps = read_jsonl(
+        Path(__file__).resolve().parents[1]
+        / "data"
+        / "verl_metrics"
+        / "h100_qwen3-1.7b_trial2.jsonl"
+    )
+    got = measures(steps)
+    assert got is not None and got.step == 3
+    f = got.fields
+    assert f["tokens_per_s_per_gpu"] == pytest.approx(4295.69, abs=0.01)
+    assert f["generation_s"] == pytest.approx(24.0923, abs=1e-4)
+    assert f["peak_mem_gib"] == pytest.approx(44.70, abs=0.01)
+    assert f["peak_mem_reserved_gib"] == pytest.approx(45.04, abs=0.01)
+    assert got.extra["cpu_memory_used_gb"] > 0

@@ -36,6 +36,11 @@ FIELDS = {
     "peak_mem_reserved_gib": "perf/max_memory_reserved_gb",
 }
 """TrialResult field -> verl metric (same units)."""
+ACTOR_PREFIX = "actor/"
+"""verl 0.9.1's engine workers log the actor's memory as `perf/max_memory_*_gb`
+(workers/engine_workers.py) and the trainer renames every actor metric with this prefix
+(trainer/ppo/ray_trainer.py, `_update_actor`: rename_dict(actor_output, "actor/")), so the
+step's metrics hold `actor/perf/max_memory_allocated_gb`; the legacy workers log them bare."""
 EXTRA = {
     "total_num_tokens": "perf/total_num_tokens",
     "response_length_mean": "response_length/mean",
@@ -133,11 +138,18 @@ def measures(steps: dict[int, dict[str, float]], step: int = MEASURED_STEP) -> S
     if not data or "perf/throughput" not in data:
         return None
     out = {f: data[k] for f, k in FIELDS.items() if k in data}
+    for f, k in FIELDS.items():
+        if f not in out and ACTOR_PREFIX + k in data:
+            out[f] = data[ACTOR_PREFIX + k]
     if "step_s" not in out and "timing_s/step" in data:
         out["step_s"] = data["timing_s/step"]
     if "perf/mfu/actor" in data:
         out["verl_mfu_actor_pct"] = 100.0 * data["perf/mfu/actor"]
-    extra = {f: data[k] for f, k in EXTRA.items() if k in data}
+    extra = {
+        f: data[k] if k in data else data[ACTOR_PREFIX + k]
+        for f, k in EXTRA.items()
+        if k in data or ACTOR_PREFIX + k in data
+    }
     return StepMeasures(step=step, fields=out, extra=extra)
 
 
