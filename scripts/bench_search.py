@@ -34,7 +34,7 @@ from typing import Any
 import optuna
 
 from tuner.estimate import Profile, estimate
-from tuner.estimate.validate import case_from_row
+from tuner.fit.validate import case_from_row
 from tuner.hardware import GPUS, Cluster
 from tuner.models import get_model
 from tuner.results import read_rows

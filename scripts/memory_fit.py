@@ -6,10 +6,11 @@
 
 Prints, per measured row, the predicted allocated / reserved / device peaks beside the measured
 ones; the least-squares fit of the allocator slack (reserved - allocated = fixed + fraction x
-transient) that memfit.SLACK_* record; the device - reserved that memfit.CUDA_CONTEXT_GIB
-records; and `fit_memory` of the raw model (scale 1, offset 0: the DEFAULT_HEADROOM_GIB) and
-with a fitted scale. Rows in memfit.EXCLUDED_ROWS are left out (and named). Output committed
-as scripts/memory_fit.out.txt.
+transient) that estimate/device.py's SLACK_* record; the device - reserved that its
+CUDA_CONTEXT_GIB records; and `fit_memory` of the raw model (scale 1, offset 0: the
+DEFAULT_HEADROOM_GIB) and with a fitted scale. Rows that the notes beside their CSV exclude
+(fit.toml, tuner.fit.notes) are left out (and named). Output committed as
+scripts/memory_fit.out.txt.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.estimate.memfit import EXCLUDED_ROWS, fit_memory, rows_from_leaderboards
-from tuner.estimate.validate import load_cases
+from tuner.fit.memory import fit_memory, rows_from_leaderboards
+from tuner.fit.notes import excluded_rows
+from tuner.fit.validate import load_cases
 from tuner.results import number, read_rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,12 +50,13 @@ def main(argv: list[str]) -> int:
     ys: list[float] = []
     outside: list[float] = []
     for path in paths:
+        excluded = excluded_rows([path])
         raw = {f"{r.get('study', '')}:{r.get('trial', '')}": r for r in read_rows(path)}
         for case in load_cases([path]):
             row = raw.get(case.label, {})
             key = f"{path.name}:{row.get('trial', '')}"
-            if key in EXCLUDED_ROWS:
-                print(f"{case.label:22} excluded: {EXCLUDED_ROWS[key]}")
+            if key in excluded:
+                print(f"{case.label:22} excluded: {excluded[key]}")
                 continue
             ma, mr = number(row.get("peak_mem_gib")), number(row.get("peak_mem_reserved_gib"))
             md = number(row.get("peak_mem_device_gib"))
@@ -87,14 +90,14 @@ def main(argv: list[str]) -> int:
         fixed, frac = np.linalg.lstsq(a, np.array(ys), rcond=None)[0]
         print(
             f"allocator slack fit: reserved - allocated = {fixed:.2f} GiB + {frac:.3f} x "
-            "transient (memfit.SLACK_FIXED_GIB, SLACK_FRACTION); median "
+            "transient (device.SLACK_FIXED_GIB, SLACK_FRACTION); median "
             f"{statistics.median(ys):.2f}"
         )
     if outside:
         print(
             f"device - reserved: median {statistics.median(outside):.2f} GiB, range "
             f"{min(outside):.2f}..{max(outside):.2f} over {len(outside)} rows "
-            "(memfit.LOCAL_SPEC_OUTSIDE_GIB + nccl_gib)"
+            "(device.LOCAL_SPEC_OUTSIDE_GIB + nccl_gib)"
         )
     rows = rows_from_leaderboards(paths)
     for label, kw in (("raw model", {"fit_scale": False}), ("fitted", {})):

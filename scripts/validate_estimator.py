@@ -4,12 +4,13 @@
 
 Default: tests/data/anchors (the repository's copies). FSDP rows and rows without numbers are
 skipped. The cost model is not fitted to these rows; this is the check of it. Inputs a row leaves
-out come from the reference recipes' conventions and scripts (tuner.estimate.validate
-REFERENCE_DEFAULTS, RECIPE_INPUTS, FULL_LOGITS_ROWS); a file that reports throughput sets its own
-mean response length (its rows' tokens per step), which the last summary line leaves out for
-comparison. A row's note says where its mean response comes from and, where the row gives its
-update MFU, the longest mean that MFU allows (validate.mfu_response_bound); rows published before
-verl had fused log-prob kernels for megatron are scored with the full logits they computed.
+out come from the reference recipes' conventions (tuner.fit.validate REFERENCE_DEFAULTS) and
+scripts (the notes beside the CSVs: tests/data/anchors/fit.toml); a file that reports throughput
+sets its own mean response length (its rows' tokens per step), which the last summary line
+leaves out for comparison. A row's note says where its mean response comes from and, where the
+row gives its update MFU, the longest mean that MFU allows (validate.mfu_response_bound); rows
+published before verl had fused log-prob kernels for megatron are scored with the full logits
+they computed.
 A goal phase above TARGET gets the reason the rows' own numbers give.
 """
 
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuner.estimate import Profile, estimate, load_profile
-from tuner.estimate.validate import (
+from tuner.fit.validate import (
     GOAL_PHASES,
     PHASES,
     Outcome,

@@ -1,5 +1,6 @@
 """The package's one-way layering: the estimator (and what it builds on) never imports the
-runners or the study, so it can be used, and tested, without them."""
+runners or the study, so it can be used, and tested, without them; and the cost model reads no
+CSV: fitting it to measured rows is tuner.fit's, above it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 TUNER = Path(__file__).resolve().parents[1] / "tuner"
 ABOVE_THE_ESTIMATOR = ("tuner.runners", "tuner.study", "tuner.cli", "tuner.report")
+CSV_READERS = ("tuner.results", "tuner.leaderboard", "tuner.fit", "csv", "pandas")
+"""What reads leaderboards (or fits to them): the cost model imports none of these."""
 
 
 def _imports(path: Path) -> set[str]:
@@ -15,18 +18,46 @@ def _imports(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
     return out
 
 
+def _forbidden(path: Path, forbidden: tuple[str, ...]) -> set[str]:
+    return {m for m in _imports(path) if any(m == f or m.startswith(f"{f}.") for f in forbidden)}
+
+
+def _bad(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(
+        f"{p.relative_to(TUNER.parent)} imports {m}"
+        for p in paths
+        for m in _forbidden(p, forbidden)
+    )
+
+
 def test_the_estimator_and_its_foundations_import_nothing_above_them() -> None:
     below = [*sorted((TUNER / "estimate").glob("*.py")), *sorted((TUNER / "space").glob("*.py"))]
+    below += sorted((TUNER / "fit").glob("*.py"))
     below += [TUNER / f for f in ("batching.py", "lengths.py", "models.py", "workload.py")]
-    bad = {
-        f"{p.relative_to(TUNER.parent)} imports {m}"
-        for p in below
-        for m in _imports(p)
-        if m.startswith(ABOVE_THE_ESTIMATOR)
-    }
-    assert not bad, sorted(bad)
+    assert not _bad(below, ABOVE_THE_ESTIMATOR)
+
+
+def test_the_cost_model_reads_no_csv() -> None:
+    """Fitting and validating against committed CSVs is tuner.fit's; the cost model
+    (tuner.estimate) imports no CSV reader, not even inside a function."""
+    assert not _bad(sorted((TUNER / "estimate").glob("*.py")), CSV_READERS)
+
+
+def test_the_layering_check_sees_a_csv_reader(tmp_path: Path) -> None:
+    """The check itself: each way of importing a CSV reader is caught."""
+    for line in (
+        "import csv",
+        "from tuner.results import read_rows",
+        "from tuner import results",
+        "import tuner.leaderboard as lb",
+        "def f():\n    from tuner.fit.validate import load_cases",
+    ):
+        src = tmp_path / "m.py"
+        src.write_text(line + "\n")
+        assert _forbidden(src, CSV_READERS), line

@@ -280,7 +280,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from tuner.estimate import load_profile
-    from tuner.estimate.report_text import fit_leaderboards, format_fit, save_fit
+    from tuner.fit.leaderboards import fit_leaderboards, format_fit, save_fit
 
     start = load_profile(args.start) if args.start else None
     fit = fit_leaderboards(args.csv, gpu=args.gpu, start=start)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuner.estimate import Profile, estimate
-from tuner.estimate.memfit import (
+from tuner.estimate.device import (
     CUDA_CONTEXT_GIB,
     WORKSPACE_GIB,
     Communicator,
@@ -330,7 +330,7 @@ MEASURED = Path(__file__).resolve().parent.parent / "data" / "memory"
 
 
 def _measured_case(name: str, trial: str) -> tuple[object, dict[str, str]]:
-    from tuner.estimate.validate import load_cases
+    from tuner.fit.validate import load_cases
     from tuner.results import read_rows
 
     path = MEASURED / name
@@ -372,7 +372,7 @@ def test_local_spec_keeps_the_unfused_swiglu_and_fp32_norm_inputs() -> None:
     tensor); with every TE/apex fusion off (the megatron-core runner) the two RMSNorms keep
     their fp32 input (8 bytes per hidden unit), and the process holds LOCAL_SPEC_OUTSIDE_GIB
     outside PyTorch instead of CUDA_CONTEXT_GIB."""
-    from tuner.estimate.memfit import LOCAL_SPEC_OUTSIDE_GIB
+    from tuner.estimate.device import LOCAL_SPEC_OUTSIDE_GIB
     from tuner.estimate.memory import activation_bytes_per_token_layer
 
     base = cand("tp2", 2)

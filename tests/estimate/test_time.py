@@ -24,7 +24,7 @@ from tuner.estimate.time import (
     cudagraph_capture_sizes,
     padded_batch,
 )
-from tuner.estimate.validate import GOAL_PHASES, anchor_paths, load_cases, validate
+from tuner.fit.validate import GOAL_PHASES, anchor_paths, load_cases, validate
 from tuner.hardware import GPUS, Cluster
 from tuner.models import get_model
 from tuner.space import Candidate, ParallelLayout

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.estimate.context import get_context
+from tuner.estimate.device import DEFAULT_HEADROOM_GIB, device_unfit
 from tuner.estimate.logits import DEFAULT_VERL
-from tuner.estimate.memfit import DEFAULT_HEADROOM_GIB, device_unfit
 from tuner.estimate.memory import MemoryBreakdown, memory_of
 from tuner.estimate.profile import Profile, load_profile, save_profile
 from tuner.estimate.time import phase_times_of
@@ -61,7 +61,7 @@ class Estimate:
     """Why it does not fit (empty when it does)."""
     device_peak_gib: float = 0.0
     """Predicted device total at the peak (what an OOM is decided on): PyTorch's allocated
-    peak + the allocator's slack + CUDA context + NCCL buffers (tuner.estimate.memfit)."""
+    peak + the allocator's slack + CUDA context + NCCL buffers (tuner.estimate.device)."""
     device_peak_phase: str = ""
     """The phase whose device total is the largest."""
     slack_gib: float = 0.0
@@ -89,7 +89,7 @@ def estimate(
     verl_logits: str = DEFAULT_VERL,
 ) -> Estimate:
     """Predicted phase times, throughput, MFU and per-phase peak memory of candidate `c`; it fits
-    when its device total plus `headroom_gib` (default memfit.DEFAULT_HEADROOM_GIB) is at most
+    when its device total plus `headroom_gib` (default device.DEFAULT_HEADROOM_GIB) is at most
     the GPU's memory and vLLM has room for one sequence. `verl_logits`: the verl release whose
     full-logits passes are counted (estimate/logits.py; the installed one's by default)."""
     ctx = get_context(m, cl, w, profile or _DEFAULT_PROFILE)

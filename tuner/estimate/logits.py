@@ -82,9 +82,9 @@ PASSES_0_4: dict[str, tuple[Pass, ...]] = {
     "update_actor": (_FP32_COPY, *_CROSS_ENTROPY, _BACKWARD[0], _BACKWARD[2]),
 }
 """verl 0.4.1's (workers/actor/megatron_actor.py `logits_processor`, the path of the reference
-runs published before verl's megatron fused kernels, estimate/validate.py FULL_LOGITS_ROWS):
-no temperature division and no clone; the entropy's shifted copy, then the cross-entropy in
-place."""
+runs published before verl's megatron fused kernels, `full_logits_trials` in
+tests/data/anchors/fit.toml): no temperature division and no clone; the entropy's shifted copy,
+then the cross-entropy in place."""
 VERL_PASSES: dict[str, dict[str, tuple[Pass, ...]]] = {VERL: PASSES, "0.4.1": PASSES_0_4}
 """The passes by verl release; the cost model counts the installed one's (tuner.versions.VERL)
 unless told otherwise."""

@@ -18,14 +18,14 @@ from tuner.estimate.context import (
     Context,
     get_context,
 )
-from tuner.estimate.logits import DEFAULT_VERL, LOGIT_HELD_BYTES
-from tuner.estimate.memfit import (
+from tuner.estimate.device import (
     CUDA_CONTEXT_GIB,
     LOCAL_SPEC_OUTSIDE_GIB,
     WORKSPACE_GIB,
     nccl_gib,
     slack_gib,
 )
+from tuner.estimate.logits import DEFAULT_VERL, LOGIT_HELD_BYTES
 from tuner.estimate.profile import Profile
 from tuner.hardware import GIB, Cluster
 from tuner.models import ModelSpec
@@ -119,7 +119,7 @@ class MemoryBreakdown:
     cuda_context_gib: float = 0.0
     """CUDA context and loaded kernels of the process (outside PyTorch)."""
     nccl_gib: float = 0.0
-    """Buffers of the NCCL communicators the rank uses (outside PyTorch; memfit.nccl_gib)."""
+    """Buffers of the NCCL communicators the rank uses (outside PyTorch; device.nccl_gib)."""
     update_transient_gib: float = 0.0
     """The update's short-lived tensors at its peak: the micro-batches' activations, logits and
     dispatch buffers, or the optimizer step's temporary, whichever is larger."""
@@ -210,7 +210,7 @@ def _selective_modules(c: Candidate) -> frozenset[str]:
 def local_norms(c: Candidate) -> bool:
     """The candidate runs megatron-core's local spec, without transformer-engine / apex
     kernels (its RMSNorms are torch.nn.RMSNorm; its process is the megatron-core runner's
-    worker, memfit.LOCAL_SPEC_OUTSIDE_GIB): the megatron-core runner turns off every fusion
+    worker, device.LOCAL_SPEC_OUTSIDE_GIB): the megatron-core runner turns off every fusion
     that needs them (tuner/runners/megatron.py FIXED), verl's defaults keep them on."""
     return not (
         getattr(c, "bias_activation_fusion", True)

@@ -10,8 +10,7 @@ from typing import Any
 
 import optuna
 
-from tuner.estimate.calibrate import time_scales
-from tuner.estimate.memfit import MemoryGuard, MemoryObservation
+from tuner.fit.online import MemoryGuard, MemoryObservation, time_scales
 from tuner.results import Status, TrialRecord
 
 FIRST_LAUNCH_S = 240.0

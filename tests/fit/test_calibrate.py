@@ -11,7 +11,7 @@ import pytest
 from tuner.cli import main
 from tuner.errors import UserError
 from tuner.estimate import Profile, load_profile, save_profile
-from tuner.estimate.calibrate import calibrate, observations_from_rows
+from tuner.fit.calibrate import calibrate, observations_from_rows
 from tuner.hardware import GPUS, Cluster
 from tuner.models import get_model
 from tuner.results import read_raw
@@ -112,7 +112,7 @@ def test_an_old_megatron_rows_phases_both_mean_the_whole_step(tmp_path: Path) ->
     """A schema-2 megatron row timed old_log_prob over the mini-batches run and scaled only the
     update to the step: calibration (and validation, through case_from_row) reads both phases
     as the whole step's, as the cost model predicts them (issue 19, item 4)."""
-    from tuner.estimate.validate import predicted_phase
+    from tuner.fit.validate import predicted_phase
     from tuner.results import read_rows
 
     repo = Path(__file__).resolve().parents[2]

@@ -1,31 +1,20 @@
-"""The device-memory fit and the study's memory guard: recovery of known parameters, the
-committed measured rows, and sequences of observations."""
+"""The device-memory fit: recovery of known parameters and the committed measured rows."""
 
 from __future__ import annotations
 
-import math
 import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from tuner.estimate import estimate
-from tuner.estimate.memfit import (
-    DEFAULT_HEADROOM_GIB,
-    EXCLUDED_ROWS,
-    MIN_HEADROOM_GIB,
-    OOM_MARGIN_GIB,
-    MemoryGuard,
-    MemoryObservation,
-    MemoryRow,
-    communicators,
-    fit_memory,
-    rows_from_leaderboards,
-)
+from tuner.estimate.device import DEFAULT_HEADROOM_GIB, MIN_HEADROOM_GIB
+from tuner.fit.memory import MemoryRow, fit_memory, rows_from_leaderboards
+from tuner.fit.notes import excluded_rows
+from tuner.fit.validate import load_cases
 from tuner.hardware import GPUS, Cluster
 from tuner.models import get_model
+from tuner.results import number, read_rows
 from tuner.space import Candidate, ParallelLayout
 from tuner.workload import get_workload
 
@@ -156,9 +145,9 @@ def test_each_measured_workload_is_within_five_percent(name: str, ooms: int) -> 
 
 def test_rows_spoiled_by_the_leaking_pool_are_left_out() -> None:
     """MoE trials 1 (125 GiB allocated, ~55 GiB of it the previous trial's) and 2 (OOM on
-    trial 1's 130 GiB) are excluded by default, and come back when asked for."""
+    trial 1's 130 GiB) are excluded by the notes beside the file, and come back when asked for."""
     path = DATA / "memory" / "moe8k-h200-x2.csv"
-    assert {"moe8k-h200-x2.csv:1", "moe8k-h200-x2.csv:2"} <= set(EXCLUDED_ROWS)
+    assert {"moe8k-h200-x2.csv:1", "moe8k-h200-x2.csv:2"} <= set(excluded_rows([path]))
     kept = rows_from_leaderboards([path])
     everything = rows_from_leaderboards([path], exclude={})
     assert len(everything) == len(kept) + 2
@@ -170,9 +159,6 @@ def test_rows_spoiled_by_the_leaking_pool_are_left_out() -> None:
 def test_old_allocator_rows_keep_their_allocated_peak() -> None:
     """The rows run before expandable segments: their reserved - allocated (3..9 GiB) no longer
     sets the slack, but the allocated update peak the model predicts stays within 5%."""
-    from tuner.estimate.validate import load_cases
-    from tuner.results import number, read_rows
-
     errs = []
     for path in OLD_ALLOCATOR:
         raw = {f"{r['study']}:{r['trial']}": r for r in read_rows(path)}
@@ -184,95 +170,6 @@ def test_old_allocator_rows_keep_their_allocated_peak() -> None:
             errs.append(abs((m.update_peak_gib - m.reference_gib) / measured - 1))
     assert len(errs) == 8
     assert sorted(errs)[len(errs) // 2] <= 0.05
-
-
-def test_communicators_follow_the_layout() -> None:
-    names = {c.name for c in communicators(ParallelLayout.parse("tp2", 2), moe=False, tied=False)}
-    assert names == {
-        "WORLD",
-        "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
-        "TENSOR_MODEL_PARALLEL_GROUP",
-    }
-    moe = communicators(ParallelLayout.parse("ep8", 8), moe=True, tied=False)
-    a2a = next(c for c in moe if c.name == "EXPERT_MODEL_PARALLEL_GROUP")
-    assert a2a.p2p and a2a.peers == 7
-    assert all(c.size > 1 for c in moe)
-
-
-# --------------------------------------------------------------------------------------------
-# MemoryGuard
-# --------------------------------------------------------------------------------------------
-
-
-def test_guard_before_any_trial_is_the_raw_model_with_the_default_headroom() -> None:
-    g = MemoryGuard(80.0)
-    assert g.headroom_gib == DEFAULT_HEADROOM_GIB
-    assert g.corrected_gib(70.0) == 70.0
-    assert g.unfit(80.0 - DEFAULT_HEADROOM_GIB - 0.1) == ""
-    line = g.unfit(79.0)
-    assert "79.0 GiB" in line and "80.0 GiB" in line and "headroom" in line
-    assert MemoryGuard(80.0, headroom_gib=0.0).unfit(79.9) == ""
-    with pytest.raises(ValueError, match="headroom_gib"):
-        MemoryGuard(80.0, headroom_gib=-1.0)
-
-
-def test_guard_learns_a_robust_scale_from_ok_trials() -> None:
-    g = MemoryGuard(140.0, headroom_gib=2.0)
-    for p, m in ((100.0, 110.0), (90.0, 99.0), (80.0, 88.0), (60.0, 20.0)):  # one odd row
-        g.observe(MemoryObservation(predicted_gib=p, measured_gib=m, oom=False))
-    assert g.corrected_gib(100.0) == pytest.approx(110.0)
-    assert g.unfit(126.0) != ""  # 138.6 + 2 > 140
-    assert g.unfit(125.0) == ""  # 137.5 + 2 <= 140
-    g.observe(MemoryObservation(predicted_gib=50.0, measured_gib=None, oom=False))  # no measure
-    assert g.corrected_gib(100.0) == pytest.approx(110.0)
-
-
-def test_an_oom_makes_everything_from_its_corrected_prediction_unfit() -> None:
-    """The issue's trial: predicted to fit at 130.8 GiB of a 139.8 GiB H200, it ran out."""
-    g = MemoryGuard(139.8, headroom_gib=2.0)
-    assert g.unfit(130.8) == ""
-    g.observe(MemoryObservation(predicted_gib=130.8, measured_gib=None, oom=True))
-    assert "ran out of memory" in g.unfit(130.8)
-    assert g.unfit(130.8 - OOM_MARGIN_GIB / 2) != ""
-    assert g.unfit(129.0) == ""
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.floats(10.0, 130.0),
-            st.floats(0.5, 1.5),
-            st.booleans(),
-        ),
-        max_size=12,
-    ),
-    st.floats(10.0, 135.0),
-)
-def test_guard_properties(seq: list[tuple[float, float, bool]], probe: float) -> None:
-    g = MemoryGuard(140.0)
-    ooms: list[float] = []
-    for p, ratio, oom in seq:
-        g.observe(
-            MemoryObservation(predicted_gib=p, measured_gib=None if oom else p * ratio, oom=oom)
-        )
-        if oom:
-            ooms.append(p)
-    lo, hi = 0.7, 1.5
-    assert lo <= g.scale <= hi
-    # monotone: what is unfit stays unfit for anything predicted larger
-    if g.unfit(probe):
-        assert g.unfit(probe + 1.0)
-    # every OOM's own prediction stays unfit for the rest of the study
-    for p in ooms:
-        assert g.unfit(p)
-    # whatever fits leaves the headroom free
-    if not g.unfit(probe):
-        assert g.corrected_gib(probe) + g.headroom_gib <= 140.0
-        assert all(
-            g.corrected_gib(probe) < g.corrected_gib(p) - OOM_MARGIN_GIB + 1e-9 for p in ooms
-        )
-    assert math.isfinite(g.corrected_gib(probe))
 
 
 def test_bench_search_smoke(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.estimate.validate import (
+from tuner.fit.notes import notes_for
+from tuner.fit.validate import (
     anchor_paths,
     case_from_row,
     load_cases,
@@ -38,12 +39,13 @@ def test_the_update_mfu_bounds_the_mean_response_from_above(anchors: Path) -> No
     """verl's MFU divides the step's FLOPs by update_policy's time, part of what update_actor
     times: the mean it implies with the whole update_actor time is at least the true one. The
     grpo rows, whose throughput gives their true mean, check it."""
-    rows = read_rows(anchors / "grpo_qwen2.5_7b.csv")
+    path = anchors / "grpo_qwen2.5_7b.csv"
+    rows = read_rows(path)
     mean = reported_response_mean(rows)
     assert 450 < mean < 550
     bounds = []
     for row in rows:
-        case = case_from_row(row, mean)
+        case = case_from_row(row, mean, notes_for(path))
         if case is not None and case.status == "ok":
             bounds.append(mfu_response_bound(row, case))
     assert len(bounds) == 9
@@ -53,8 +55,9 @@ def test_the_update_mfu_bounds_the_mean_response_from_above(anchors: Path) -> No
 def test_a_dapo_row_keeps_the_default_mean_and_says_what_its_mfu_allows(anchors: Path) -> None:
     """The dapo files give no token counts: the default mean stands, and the note says so with
     the bound the row's MFU puts on it. A row without an MFU has no bound."""
-    rows = {r["trial"]: r for r in read_rows(anchors / "dapo7b.csv")}
-    case = case_from_row(rows["5"])
+    path = anchors / "dapo7b.csv"
+    rows = {r["trial"]: r for r in read_rows(path)}
+    case = case_from_row(rows["5"], notes=notes_for(path))
     assert case is not None and case.workload.response_mean == 0
     bound = mfu_response_bound(rows["5"], case)
     assert 1100 < bound < 1400
@@ -79,8 +82,9 @@ def test_the_reference_log_prob_phase_meets_its_target(anchors: Path) -> None:
 def test_full_logits_rows_are_no_longer_under_predicted(anchors: Path, trial: str) -> None:
     """dapo7b rows on one H100 node that ran the full logits: 0.82-0.94x of their measured
     log-prob when scored as fused; within 10% once scored as they ran."""
-    rows = {r["trial"]: r for r in read_rows(anchors / "dapo7b.csv")}
-    summary = validate([c for c in [case_from_row(rows[trial])] if c is not None])
+    path = anchors / "dapo7b.csv"
+    rows = {r["trial"]: r for r in read_rows(path)}
+    summary = validate([c for c in [case_from_row(rows[trial], notes=notes_for(path))] if c])
     (o,) = summary.outcomes
     ratio = o.estimate.old_log_prob_s / o.case.measured["old_log_prob"]
     assert 0.9 < ratio < 1.1

@@ -1,8 +1,10 @@
 """Check the cost model against measured leaderboard rows (the reference CSVs or our own).
 
 Each measured row becomes a (candidate, model, cluster, workload) case; the estimator predicts it
-and the errors are summarised per phase. Nothing here prints: scripts/validate_estimator.py and
-the tests format what `validate()` returns.
+and the errors are summarised per phase. What a reference row leaves out comes from the reference
+recipes' conventions (here) and from the notes beside its file (tuner.fit.notes: its model,
+recipe inputs, full-logits rows). Nothing here prints: scripts/validate_estimator.py and the
+tests format what `validate()` returns.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from tuner.errors import UserError
 from tuner.estimate import Estimate, Profile, estimate
 from tuner.estimate.logits import DEFAULT_VERL
+from tuner.fit.notes import FileNotes, notes_for
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import ModelSpec, get_model
 from tuner.results import number, read_rows
@@ -47,7 +50,8 @@ vLLM ran eagerly: the DAPO_7B and DAPO_MOE30B recipe scripts (June-July 2025) do
 "enable vllm cuda graph in default"; v0.5.0's rollout.yaml still says True); the GRPO_7B recipe
 sets `enforce_eager=True` itself, and the one GRPO row whose `Other` says "Cuda graph" ran with
 graphs (CUDA_GRAPH_MARK). Rows that switch dynamic batching off without giving a micro-batch
-size use the GRPO recipe's sizes (GRPO_RECIPE)."""
+size use the GRPO recipe's sizes (GRPO_RECIPE). What single rows or files leave out is in the
+notes beside them (tests/data/anchors/fit.toml)."""
 CUDA_GRAPH_MARK = "cuda graph"
 """`Other` of a reference row that ran vLLM with CUDA graphs (grpo_qwen2.5_7b row 8)."""
 ROPE_FUSION_MARKS = ("apply_rope_fusion", "all optimization")
@@ -56,56 +60,12 @@ ROPE_FUSION_MARKS = ("apply_rope_fusion", "all optimization")
 megatron-core's default, unfused RoPE: verl 0.5's config converter sets the fusion only for
 Mixtral (verl/models/mcore/config_converter.py), and rows 7 and 8 repeat rows 5 and 6 with the
 fusion added."""
-ROPE_FUSED_STUDIES = ("dapo_moe30b", "grpo_qwen2.5_7b")
-"""Reference files whose every recipe script sets `apply_rope_fusion=True`, whatever `Other`
-says (DAPO_MOE30B/*.sh, GRPO_7B/qwen2.5_7b_megatron_vllm_benchmark.sh; its OOM rows leave
-`Other` empty)."""
-
-RECIPE_INPUTS: dict[tuple[str, str], dict[str, object]] = {
-    ("dapo7b", "9"): {"gpu_memory_utilization": 0.8},
-    ("dapo7b", "16"): {"gpu_memory_utilization": 0.6},
-    ("dapo7b", "18"): {"gpu_memory_utilization": 0.75},
-    ("dapo7b", "19"): {"gpu_memory_utilization": 0.7},
-    ("dapo7b", "22"): {"gpu_memory_utilization": 0.5},
-    ("dapo_moe30b", "3"): {"gpu_memory_utilization": 0.8},
-    ("dapo_moe30b", "4"): {"gpu_memory_utilization": 0.8},
-    ("dapo_moe30b", "5"): {"gpu_memory_utilization": 0.8},
-    ("dapo_moe30b", "6"): {"gpu_memory_utilization": 0.8},
-    ("dapo_moe30b", "7"): {"gpu_memory_utilization": 0.7},
-    ("dapo_moe30b", "8"): {"gpu_memory_utilization": 0.5, "recompute": "full"},
-    ("dapo_moe30b", "9"): {"gpu_memory_utilization": 0.5},
-    ("dapo_moe30b", "10"): {"gpu_memory_utilization": 0.5, "recompute": "full"},
-    **{
-        ("dapo_moe30b", str(n)): {"gpu_memory_utilization": 0.5, "recompute": "full"}
-        for n in range(11, 17)
-    },
-    ("dapo_moe30b", "17"): {"gpu_memory_utilization": 0.5, "recompute": "full"},
-}
-"""Inputs the reference rows leave out but their published recipe scripts set
-(ISEEKYAN/verl_megatron_practice DAPO_7B/, DAPO_MOE30B/, GRPO_7B/): vLLM memory share and
-activation recompute. Row 6 of dapo_moe30b repeats row 3 with DeepEP (same share assumed); row 17
-recomputes the modules core_attn, moe_act, layernorm, mlp and moe ("selective" in name, nearly
-all of a layer), which the model's `full` stands for. These are inputs of the runs, not
-measurements."""
 GRPO_RECIPE = {"ppo_micro_batch_size_per_gpu": 2, "log_prob_micro_batch_size_per_gpu": 4}
 """GRPO_7B/qwen2.5_7b_megatron_vllm_benchmark.sh: micro-batch sizes used when the grpo rows
 switch dynamic batching off."""
-FULL_LOGITS_ROWS: dict[str, tuple[int, ...]] = {
-    "dapo7b": tuple(range(3, 19)),
-    "dapo_moe30b": tuple(range(3, 10)),
-}
-"""Reference rows that ran verl's full-logits log-prob path, whatever their recipe's
-`use_fused_kernels=True` says: they were published before verl had fused kernels for the megatron
-backend (volcengine/verl d9a6a31c8, PR #2210 "fused kernel lightweight", 2025-07-11; until then
-v0.4.1's workers/actor/megatron_actor.py makes the [tokens, vocab/tp] logits and runs
-vocab_parallel_entropy and vocab_parallel_log_probs_from_logits on them). dapo7b rows 3-18 (run
-names dated 0626-0704) were in ISEEKYAN/verl_megatron_practice's dapo7b.csv by 2025-07-07 and
-dapo_moe30b rows 3-9 (0704-0707) in dapo_moe30b.csv by 2025-07-10. The later rows (dapo7b 19-22
-and dapo_moe30b 10-17, added 2025-07-23 to 07-30; the GRPO file, September) ran the fused kernel
-their recipes ask for."""
 FULL_LOGITS_VERL = "0.4.1"
-"""The verl release whose full-logits passes FULL_LOGITS_ROWS ran (estimate/logits.py
-PASSES_0_4: no temperature division, no clone)."""
+"""The verl release whose full-logits passes the notes' `full_logits_trials` ran
+(estimate/logits.py PASSES_0_4: no temperature division, no clone)."""
 MFU_ATTENTION_FACTOR = 12
 """verl 0.4-0.5's FlopsCounter (verl/utils/flops_counter.py `_estimate_qwen2_flops`,
 `_estimate_qwen2_moe_flops`, what the reference runs logged as perf/mfu/actor) counts attention
@@ -117,11 +77,6 @@ _MODEL_NAMES = {
     "qwen2.5-7b": "qwen2.5-7b",
     "qwen3-30b": "qwen3-30b-moe",
     "qwen3-30b-a3b": "qwen3-30b-moe",
-}
-_STUDY_MODELS = {
-    "grpo_qwen2.5_7b": "qwen2.5-7b",
-    "dapo7b": "qwen2.5-7b",
-    "dapo_moe30b": "qwen3-30b-moe",
 }
 
 
@@ -141,8 +96,8 @@ class Case:
     """Phase name -> seconds, for the phases the row reports."""
     notes: str = ""
     verl_logits: str = DEFAULT_VERL
-    """The verl release whose full-logits passes the row ran (estimate/logits.py): 0.4.1 for
-    FULL_LOGITS_ROWS."""
+    """The verl release whose full-logits passes the row ran (estimate/logits.py): 0.4.1 for the
+    notes' `full_logits_trials`."""
 
     def predict(self, profile: Profile | None = None) -> Estimate:
         """The cost model's numbers for this row, as it ran."""
@@ -184,18 +139,21 @@ def _truthy(v: str) -> bool:
     return v.strip().lower() in ("true", "1", "yes", "full", "selective")
 
 
-def _model_of(row: dict[str, str]) -> str:
+def _model_of(row: dict[str, str], notes: FileNotes) -> str:
     name = (row.get("model") or "").strip().lower()
     if name in _MODEL_NAMES:
         return _MODEL_NAMES[name]
     if name:
         return name
-    return _STUDY_MODELS.get(row.get("study", ""), "")
+    return notes.model
 
 
-def case_from_row(row: dict[str, str], response_mean: int = 0) -> Case | None:
+def case_from_row(
+    row: dict[str, str], response_mean: int = 0, notes: FileNotes | None = None
+) -> Case | None:
     """A Case for one row of a reference CSV or of our leaderboard; None for rows without a
-    Megatron measurement (FSDP rows, rows without numbers, failed runs)."""
+    Megatron measurement (FSDP rows, rows without numbers, failed runs). `notes`: what the
+    notes beside the row's file say (tuner.fit.notes; none by default)."""
     backend = (row.get("backend") or "").lower()
     if "fsdp" in backend or (row.get("train_parallel") or "").startswith("sp"):
         return None
@@ -208,7 +166,7 @@ def case_from_row(row: dict[str, str], response_mean: int = 0) -> Case | None:
     if status == "ok" and not measured:
         return None
     if row.get("source") == "reference":
-        return _reference_case(row, status, measured, response_mean)
+        return _reference_case(row, status, measured, response_mean, notes or FileNotes())
     return _own_case(row, status, measured)
 
 
@@ -233,10 +191,14 @@ def reported_response_mean(rows: list[dict[str, str]]) -> int:
 
 
 def _reference_case(
-    row: dict[str, str], status: str, measured: dict[str, float], response_mean: int
+    row: dict[str, str],
+    status: str,
+    measured: dict[str, float],
+    response_mean: int,
+    file_notes: FileNotes,
 ) -> Case:
     d = REFERENCE_DEFAULTS
-    model = get_model(_model_of(row))
+    model = get_model(_model_of(row, file_notes))
     gpus = int(row["num_gpus"])
     cluster = Cluster(gpu=get_gpu(row["gpu"]), num_gpus=gpus)
     study = row.get("study", "")
@@ -251,7 +213,7 @@ def _reference_case(
     )
     layout = ParallelLayout.parse(row["train_parallel"], gpus)
     other = (row.get("reason") or "").lower()
-    recipe = RECIPE_INPUTS.get((study, row.get("trial", "")), {})
+    recipe = file_notes.recipe_inputs.get(row.get("trial", ""), {})
     recompute = "none"
     if "recompute" in row:
         rc = row["recompute"].strip().lower()
@@ -274,7 +236,7 @@ def _reference_case(
     else:
         dynamic = actor >= 1024
     notes = [f"response mean {response_mean} from the file's throughput"] if response_mean else []
-    full_logits = int(row.get("trial") or 0) in FULL_LOGITS_ROWS.get(study, ())
+    full_logits = int(row.get("trial") or 0) in file_notes.full_logits_trials
     if full_logits:
         notes.append("full logits: verl before its megatron fused kernels")
     if dynamic:
@@ -305,7 +267,7 @@ def _reference_case(
         max_num_batched_tokens=workload.max_seq_len,
         max_num_seqs=int(d["max_num_seqs"]),  # type: ignore[call-overload]
         enforce_eager=bool(d["enforce_eager"]) and CUDA_GRAPH_MARK not in other,
-        apply_rope_fusion=study in ROPE_FUSED_STUDIES or any(m in other for m in ROPE_FUSION_MARKS),
+        apply_rope_fusion=file_notes.rope_fusion or any(m in other for m in ROPE_FUSION_MARKS),
         **kw,  # type: ignore[arg-type]
     )
     label = f"{study}:{row.get('trial', '')}"
@@ -401,14 +363,16 @@ def _own_case(row: dict[str, str], status: str, measured: dict[str, float]) -> C
 def load_cases(paths: Iterable[Path], reported_tokens: bool = True) -> list[Case]:
     """Cases of every usable row of the given CSVs (in order). With `reported_tokens`, a file
     whose rows report throughput sets its own mean response length (see
-    `reported_response_mean`); otherwise the workload default applies."""
+    `reported_response_mean`); otherwise the workload default applies. Each file's notes
+    (tuner.fit.notes) apply to its rows."""
     out: list[Case] = []
     for path in paths:
         rows = read_rows(path)
         mean = reported_response_mean(rows) if reported_tokens else 0
+        notes = notes_for(path)
         for row in rows:
             try:
-                case = case_from_row(row, mean if row.get("source") == "reference" else 0)
+                case = case_from_row(row, mean if row.get("source") == "reference" else 0, notes)
             except (UserError, KeyError, ValueError):
                 continue
             if case is not None:

@@ -4,7 +4,7 @@ Least squares on log(predicted / measured) over every measured phase of every ro
 constants searched in log space inside the bounds of `profile.CALIBRATED`: Levenberg-Marquardt
 with a finite-difference Jacobian (numpy only, which Optuna already needs; no scipy), bounds by
 clipping, and a weak pull towards the starting profile so that constants the rows say nothing
-about stay where they were.
+about stay where they were. What a running study learns between trials is tuner.fit.online.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import numpy as np
 from tuner.errors import UserError
 from tuner.estimate import Estimate
 from tuner.estimate.profile import CALIBRATED, Profile
-from tuner.estimate.validate import Case, case_from_row, predicted_phase
+from tuner.fit.notes import FileNotes
+from tuner.fit.validate import Case, case_from_row, predicted_phase
 
 PRIOR_WEIGHT = 1e-2
 """Weight of (log(value / start))^2 per constant, against squared log errors of the rows."""
@@ -63,18 +64,20 @@ def observations_from_rows(
     rows: Iterable[dict[str, str]],
     accept: Callable[[dict[str, str]], bool] | None = None,
     response_mean: int = 0,
+    notes: FileNotes | None = None,
 ) -> list[Observation]:
     """Measured phases of the rows that `accept` keeps (default: measured rows, not estimates).
 
     `response_mean` stands in for reference rows, which do not record it (see
-    validate.reported_response_mean); our own rows carry theirs."""
+    validate.reported_response_mean); our own rows carry theirs. `notes`: those beside the rows'
+    file (tuner.fit.notes)."""
     keep = accept or (lambda r: r.get("source", "") not in ("", "estimate", "tuner"))
     out: list[Observation] = []
     for row in rows:
         if row.get("status") != "ok" or not keep(row):
             continue
         try:
-            case = case_from_row(row, response_mean)
+            case = case_from_row(row, response_mean, notes)
         except (UserError, KeyError, ValueError):
             continue
         if case is None:
@@ -191,34 +194,3 @@ def calibrate(
         rms_log_after=float(np.sqrt(np.mean(r1 * r1))),
         iterations=it,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# In-study scales: what a running study learns from its own rows, between trials
-# --------------------------------------------------------------------------------------------
-
-SCALE_BOUNDS = (0.05, 20.0)
-"""A learned measured/predicted time ratio is clipped to this range (a wild row cannot make
-every later time limit absurd)."""
-
-
-def time_scales(
-    pairs: Iterable[tuple[str, float | None, float | None]], min_rows: int = 1
-) -> dict[str, float]:
-    """Robust multiplicative scale per phase from (phase, predicted_s, measured_s) triples:
-    exp(median(log(measured / predicted))), clipped to SCALE_BOUNDS. Triples with a missing or
-    non-positive value are skipped; a phase with fewer than `min_rows` usable triples is left
-    out (its scale is 1). The median, not the mean, so one stalled trial moves nothing.
-
-    The full `calibrate` refits the Profile's constants across models and is too slow to run
-    after every trial; this scale is what a study applies between trials, to its time limits."""
-    logs: dict[str, list[float]] = {}
-    for phase, pred, meas in pairs:
-        if pred and meas and pred > 0 and meas > 0 and math.isfinite(pred):
-            logs.setdefault(phase, []).append(math.log(meas / pred))
-    lo, hi = SCALE_BOUNDS
-    return {
-        k: min(hi, max(lo, math.exp(statistics.median(v))))
-        for k, v in logs.items()
-        if len(v) >= min_rows
-    }

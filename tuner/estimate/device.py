@@ -1,0 +1,258 @@
+"""Device memory beyond PyTorch's tensors, and the headroom that pruning keeps.
+
+An OOM is decided on the device total (what `nvidia-smi` / `torch.cuda.mem_get_info` call used),
+not on PyTorch's allocated peak. Per GPU:
+
+    device = allocated + slack + context + nccl
+
+- allocated: the tensors the cost model counts (tuner.estimate.memory), plus the cuBLAS /
+  cuBLASLt / transformer-engine workspaces, which PyTorch's caching allocator hands out;
+- slack: reserved - allocated, the caching allocator's fragmentation. It grows with the large
+  short-lived tensors of a step (activations, logits, all-to-all buffers) and with micro-batches
+  of varying length, whose blocks do not fit one another's holes:
+  `slack = SLACK_FIXED_GIB + SLACK_FRACTION * transient`;
+- context: the CUDA context and the kernel images loaded into it, per process;
+- nccl: the buffers of each NCCL communicator the rank belongs to and uses (`nccl_gib`).
+
+`DEFAULT_HEADROOM_GIB` is what `tuner.fit.memory.fit_memory` gives on the committed
+leaderboards (scripts/memory_fit.py); what a study learns from its own trials is
+`tuner.fit.online.MemoryGuard`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tuner.hardware import GIB, Cluster
+from tuner.space import ParallelLayout
+
+if TYPE_CHECKING:
+    from tuner.estimate import Estimate
+
+MIB = 1024**2
+
+# --------------------------------------------------------------------------------------------
+# Constants (first principles; sources in the docstrings)
+# --------------------------------------------------------------------------------------------
+
+CUDA_CONTEXT_GIB = 1.0
+"""CUDA context plus the kernel images a verl worker process (transformer-engine kernels)
+loads, per GPU, outside PyTorch's allocator. With lazy module loading (CUDA_MODULE_LOADING=LAZY,
+the default since CUDA 12.2) the bare context of a torch process on an H100 is ~0.5 GiB;
+cuBLAS, cuDNN, NCCL, flash-attention, vLLM's and transformer-engine's kernels add a few hundred
+MiB as they are first used. Not measured at device level yet (the anchors' verl rows carry no
+device memory); LOCAL_SPEC_OUTSIDE_GIB is what the megatron-core runner measured."""
+LOCAL_SPEC_OUTSIDE_GIB = 8.9
+"""Device memory the megatron-core runner's worker process (megatron-core's local spec, no
+transformer-engine or apex) holds outside PyTorch's allocator beside its NCCL buffers, per GPU:
+measured device used (total - free, torch.cuda.mem_get_info) minus PyTorch's reserved peak.
+One H100, world 1, so no NCCL peers (results/small16k-h100-x1.csv, 12 ok rows): 8.88..8.96
+GiB whatever the model, recompute, offload or token budget; 2 H200s (dense8k/moe8k-h200-x2.csv,
+9 rows): 8.41..8.75 GiB, no more, so it is a per-process constant, and the communicators of a
+2-rank NVLink job add nothing measurable (nccl_gib still adds 1.7..2.7 GiB there from NCCL's
+default buffer sizes: kept as margin, it is what larger worlds need). It is this process's own:
+the OOM of moe8k-h200-x2.csv trial 2 reports 139.37 GiB in use by the process, 130.92 GiB of
+it PyTorch's (8.45 outside). A bare CUDA context is ~0.5 GiB and cuBLAS/cuBLASLt workspaces
+come from the caching allocator (inside reserved). Probed on one H100
+(`scripts/gpu_outside_probe.py`, output in scripts/gpu_outside_probe.out.txt): the start-up
+stages account for 1.28 GiB (CUDA context 0.60, cuBLAS 0.06, NCCL init 0.55, attention check
+0.06, megatron import 0); the other 7.60 GiB appear during the first trial (one Qwen3-1.7B
+full-recompute trial) and stay after it, after gc and empty_cache: memory the driver keeps for
+the process once a kernel has needed it (what kernel, not yet known; a per-thread local-memory
+reservation grown by one kernel is the likely form). It is not
+PyTorch's, so `expandable_segments` or emptying the cache does not return it."""
+WORKSPACE_GIB = 0.1
+"""cuBLAS (2 x 4 MiB per handle and stream, torch's Hopper default), cuBLASLt (32 MiB) and
+transformer-engine (32 MiB per stream) workspaces. PyTorch's caching allocator provides them, so
+they count in the allocated peak; the tensor model does not list them."""
+NCCL_SIMPLE_BUFFER_MIB = 4.0
+"""NCCL_BUFFSIZE default: the Simple protocol's buffer per connection (4 MiB)."""
+NCCL_LL128_BUFFER_MIB = 120 * 640 * 8 * 8 / MIB
+"""LL128 protocol buffer per connection: elements per thread (120) x threads (640) x steps (8)
+x 8 bytes = 4.69 MiB (NCCL's DEFAULT_LL128_BUFFSIZE)."""
+NCCL_LL_BUFFER_MIB = 8 * 512 * 8 * 16 / MIB
+"""LL protocol buffer per connection: lines per thread (8) x threads (512) x steps (8) x 16
+bytes = 0.5 MiB (NCCL's DEFAULT_LL_BUFFSIZE)."""
+NCCL_COLL_CHANNELS = 32
+"""Channels NCCL opens for ring/tree collectives on NVLink-switch hosts (H100/H200: up to 32;
+memory is linear in channels, NVIDIA/nccl#986)."""
+NCCL_RING_CONNECTIONS = 2
+"""Connections per channel a rank holds for a ring or tree collective (its neighbours)."""
+NCCL_P2P_PEER_CHANNEL_MIB = 3.28e9 / (7 * 32) / MIB
+"""Buffers of one point-to-point (send/recv, all-to-all) peer per channel: an 8 x H100
+all-to-all took 3.28 GB of device memory outside PyTorch over 7 peers x 32 channels
+(NVIDIA/nccl#1685), 14 MiB per peer and channel."""
+NCCL_P2P_CHANNELS_LOCAL = 32
+"""P2P channels per peer inside a node (NVIDIA/nccl#1685 shows 32 on an H100 host)."""
+NCCL_P2P_CHANNELS_NET = 2
+"""P2P channels per peer across nodes (NCCL_NCHANNELS_PER_NET_PEER's default)."""
+SLACK_FIXED_GIB = 0.7
+"""Caching-allocator slack (reserved - allocated) present in any training step, with
+expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which verl 0.9.1 turns
+on for training (workers/engine_workers.py `set_expandable_segments(True)` after the weight
+sync) and the megatron-core runner sets (tuner/runners/megatron.py): freed blocks are unmapped
+and remapped in pages, so variable-length micro-batches leave no large holes. Least squares
+over the measured rows of results/dense8k-h200-x2.csv, moe8k-h200-x2.csv and
+small16k-h100-x1.csv: 0.70 GiB + 0.00 x transient (reserved - allocated 0.24..2.25 GiB, median
+0.37; scripts/memory_fit.py). The rows of 2026-11-22 (results/dense-h200-x2.csv,
+moe-h200-x2.csv), run before the runner set expandable segments, had 3.1..8.6 GiB
+(2.5 + 0.24 x transient): those are not device-level rows and no longer set these."""
+SLACK_FRACTION = 0.0
+"""Slack per GiB of the step's transient tensors (activations, logits, dispatch buffers): none
+measurable with expandable segments (the fit above)."""
+
+# Headroom ----------------------------------------------------------------------------------
+
+MIN_HEADROOM_GIB = 2.0
+"""The least headroom pruning keeps: allocations the model does not see (a lazily connected
+NCCL algorithm, the allocator's next segment, another process on the GPU) come in GiB steps."""
+DEFAULT_HEADROOM_GIB = 2.0
+"""Headroom below the GPU's capacity that pruning keeps by default: `fit_memory`
+(tuner.fit.memory) of the raw model (scale 1, offset 0) on the device-measured leaderboards
+(results/dense8k-h200-x2.csv, moe8k-h200-x2.csv, small16k-h100-x1.csv) and the anchors: largest
+under-prediction 0.85 GiB + its HEADROOM_MARGIN_GIB, so MIN_HEADROOM_GIB; every OOM row stays
+unfit with it (scripts/memory_fit.out.txt)."""
+
+
+# --------------------------------------------------------------------------------------------
+# NCCL communicators of a layout
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Communicator:
+    """One NCCL communicator a rank uses."""
+
+    name: str
+    """megatron-core's group name (parallel_state.py), or `WORLD` for torch's default group."""
+    size: int
+    """Ranks in it."""
+    stride: int
+    """Rank distance between neighbours (tells whether peers share the node)."""
+    p2p: bool = False
+    """Point-to-point (send/recv, all-to-all) rather than a ring/tree collective."""
+    peers: int = 0
+    """P2P peers a rank connects to (all-to-all: size - 1; a pipeline: its neighbours)."""
+
+
+def communicators(lay: ParallelLayout, *, moe: bool, tied: bool) -> list[Communicator]:
+    """The NCCL communicators (size > 1) one actor rank connects in a verl Megatron step.
+
+    megatron-core 0.19 `parallel_state.initialize_model_parallel` creates ~20 NCCL groups, but
+    torch creates a communicator lazily at a group's first collective and NCCL connects the
+    buffers of the algorithms used (NCCL_RUNTIME_CONNECT), so only the groups a step uses cost
+    memory: the distributed optimizer's reduce-scatter/all-gather over DATA_PARALLEL_GROUP_WITH_CP
+    (EXPERT_DATA_PARALLEL_GROUP for experts), its grad-norm all-reduce over
+    INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP (the whole world), tensor-parallel collectives,
+    pipeline send/recv (and verl's weight broadcast to the rollout over the same group),
+    context-parallel ring send/recv, MoE all-to-all over EXPERT_MODEL_PARALLEL_GROUP plus the
+    dispatcher's gathers over EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP, EXPERT_TENSOR_PARALLEL
+    collectives, the tied-embedding all-reduce over EMBEDDING_GROUP (finalize_model_grads.py), and
+    torch's default group (verl's barriers and metrics). Megatron's rank order is tp-cp-ep-dp-pp
+    (tp fastest), which gives each group's stride."""
+    tp, cp, pp, dp, ep, etp = lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp
+    world = lay.world
+    out: list[Communicator] = []
+
+    def coll(name: str, size: int, stride: int) -> None:
+        if size > 1:
+            out.append(Communicator(name=name, size=size, stride=stride))
+
+    def p2p(name: str, size: int, stride: int, peers: int) -> None:
+        if size > 1:
+            out.append(Communicator(name=name, size=size, stride=stride, p2p=True, peers=peers))
+
+    coll("WORLD", world, 1)
+    coll("INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", world, 1)
+    coll("TENSOR_MODEL_PARALLEL_GROUP", tp, 1)
+    coll("DATA_PARALLEL_GROUP_WITH_CP", dp * cp, tp)
+    p2p("CONTEXT_PARALLEL_GROUP", cp, tp, min(2, cp - 1))
+    p2p("PIPELINE_MODEL_PARALLEL_GROUP", pp, world // pp, min(2, pp - 1))
+    coll("PIPELINE_MODEL_PARALLEL_GROUP (weight broadcast)", pp, world // pp)
+    if tied:
+        coll("EMBEDDING_GROUP", min(2, pp), world // pp)
+    if moe:
+        edp = world // (pp * ep * etp)
+        p2p("EXPERT_MODEL_PARALLEL_GROUP", ep, etp, ep - 1)
+        coll("EXPERT_TENSOR_PARALLEL_GROUP", etp, 1)
+        coll("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", etp * ep, 1)
+        coll("EXPERT_DATA_PARALLEL_GROUP", edp, etp * ep)
+    return out
+
+
+def _peers_in_node(stride: int, peers: int, local_gpus: int) -> int:
+    """How many of a rank's `peers` (at multiples of `stride`) share its node."""
+    same = max(1, local_gpus // max(1, stride)) - 1
+    return min(peers, same)
+
+
+def communicator_gib(comm: Communicator, local_gpus: int) -> float:
+    """Device buffers of one communicator on one rank, GiB.
+
+    Collective: channels x connections x (Simple + LL128 + LL buffers), about 0.57 GiB (an A100
+    pair measured 544 MB per communicator, larger groups 688 MB: NVIDIA/nccl#964). P2P: per peer,
+    channels x the per-channel buffers measured for all-to-all; peers on other nodes get
+    NCCL_NCHANNELS_PER_NET_PEER channels."""
+    if not comm.p2p:
+        per_conn = NCCL_SIMPLE_BUFFER_MIB + NCCL_LL128_BUFFER_MIB + NCCL_LL_BUFFER_MIB
+        return NCCL_COLL_CHANNELS * NCCL_RING_CONNECTIONS * per_conn * MIB / GIB
+    local = _peers_in_node(comm.stride, comm.peers, local_gpus)
+    remote = comm.peers - local
+    channels = local * NCCL_P2P_CHANNELS_LOCAL + remote * NCCL_P2P_CHANNELS_NET
+    return channels * NCCL_P2P_PEER_CHANNEL_MIB * MIB / GIB
+
+
+def nccl_gib(lay: ParallelLayout, cluster: Cluster, *, moe: bool, tied: bool) -> float:
+    """NCCL buffers of one actor rank, GiB (the sum over `communicators`)."""
+    return sum(
+        communicator_gib(c, cluster.local_gpus) for c in communicators(lay, moe=moe, tied=tied)
+    )
+
+
+def slack_gib(transient_gib: float) -> float:
+    """Caching-allocator slack (reserved - allocated) of a phase with these transients."""
+    return SLACK_FIXED_GIB + SLACK_FRACTION * max(0.0, transient_gib)
+
+
+def device_unfit(device_gib: float, capacity_gib: float, headroom_gib: float, phase: str) -> str:
+    """One line with the numbers when `device_gib` + headroom exceeds the capacity, else ''."""
+    if device_gib + headroom_gib <= capacity_gib:
+        return ""
+    return (
+        f"device {device_gib:.1f} GiB in {phase} + headroom {headroom_gib:.1f} GiB > "
+        f"{capacity_gib:.1f} GiB"
+    )
+
+
+_DEVICE_OF = {
+    "generation": "generation_device_gib",
+    "old_log_prob": "log_prob_device_gib",
+    "update_actor": "update_device_gib",
+}
+_ALLOCATED_OF = {
+    "generation": "generation_peak_gib",
+    "old_log_prob": "log_prob_peak_gib",
+    "update_actor": "update_peak_gib",
+}
+
+
+def memory_view(
+    pred: Estimate,
+    cluster: Cluster,
+    *,
+    phases: tuple[str, ...] = ("generation", "old_log_prob", "update_actor"),
+    drop_reference: bool = False,
+    headroom_gib: float | None = None,
+) -> tuple[float, float, str, str]:
+    """(allocated peak, device total, its phase, why unfit or '') over the `phases` a runner
+    runs; `drop_reference` leaves out the reference model's weights (a runner that builds none).
+    Unfit: device + headroom > the GPU's memory; the headroom is `headroom_gib`, else the one
+    `pred` was estimated with (`estimate(headroom_gib=...)`: one headroom per prediction, the
+    study's --headroom-gib where it gave one)."""
+    mem = pred.memory
+    ref = mem.reference_gib if drop_reference else 0.0
+    device, phase = max((getattr(mem, _DEVICE_OF[p]) - ref, p) for p in phases)
+    peak = max(getattr(mem, _ALLOCATED_OF[p]) - ref for p in phases)
+    headroom = pred.headroom_gib if headroom_gib is None else headroom_gib
+    return peak, device, phase, device_unfit(device, cluster.gpu.memory_gib, headroom, phase)
