@@ -12,7 +12,8 @@ whole share as `response_length/clip_ratio`); θ is solved so that the mean is t
 mean. The survival function S(x) = P(length > x) = q + (1 - q)·e^(-x/θ) for x < cap.
 
 A generation step ends when its longest response ends, so the tail decides how long the last,
-nearly empty decode steps run (tuner/estimate/time.py integrates S and its residual-life form).
+nearly empty decode steps run (tuner/estimate/generation.py integrates S and its residual-life
+form).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import tuner.estimate.generation as generation_mod
 import tuner.estimate.memory as memory_mod
 import tuner.estimate.time as time_mod
 from tuner.estimate import Profile
@@ -30,7 +31,7 @@ def test_each_phase_moves_and_holds_what_its_passes_do() -> None:
 
 
 def test_no_second_logit_constant_in_the_models() -> None:
-    for mod in (memory_mod, time_mod):
+    for mod in (memory_mod, time_mod, generation_mod):
         assert not [n for n in vars(mod) if n.startswith("LOGIT_BYTES")], mod.__name__
 
 

@@ -13,17 +13,16 @@ import pytest
 from tuner.cli import main
 from tuner.estimate import Profile, estimate
 from tuner.estimate.context import DECODE_KERNELS_DENSE_LAYER, get_context, solve_theta
-from tuner.estimate.logits import DEFAULT_VERL
-from tuner.estimate.logits import LOGIT_TRAFFIC_BYTES as TRAFFIC
-from tuner.estimate.time import (
+from tuner.estimate.generation import (
     EAGER,
     FULL_GRAPH,
-    ROPE_THD_OPS_PER_SEQUENCE,
-    TORCH_OP_HOST_S,
     _decode_step_s,
     cudagraph_capture_sizes,
     padded_batch,
 )
+from tuner.estimate.logits import DEFAULT_VERL
+from tuner.estimate.logits import LOGIT_TRAFFIC_BYTES as TRAFFIC
+from tuner.estimate.time import ROPE_THD_OPS_PER_SEQUENCE, TORCH_OP_HOST_S
 from tuner.fit.validate import GOAL_PHASES, anchor_paths, load_cases, validate
 from tuner.hardware import GPUS, Cluster
 from tuner.models import get_model

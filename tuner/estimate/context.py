@@ -198,6 +198,11 @@ class Context:
         return self.head_params or self.embed_params
 
 
+def bandwidth_between(ctx: Context, span: int) -> float:
+    """Collective bandwidth of a group of `span` consecutive ranks (inside a node or not)."""
+    return ctx.nvlink if span <= ctx.local_gpus else ctx.internode
+
+
 _CACHE: dict[tuple[object, ...], Context] = {}
 _LAST: list[object] = [None, None, None, None, None]
 _CACHE_LIMIT = 64

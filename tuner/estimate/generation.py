@@ -1,0 +1,277 @@
+"""Seconds of the generation phase: vLLM's decode steps, colocated, one engine per rollout-TP
+group.
+
+A decode step streams the engine's weights and KV cache or computes, whichever is longer, then
+its collectives and host work; how it is launched (eagerly, a full CUDA graph, piecewise graphs)
+follows vLLM 0.24.0's capture sizes. The phase integrates the steps over the response-length
+distribution (tuner.lengths): a busy phase at the engine's concurrency, then the long tail.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.estimate.context import (
+    BF16,
+    DECODE_KERNELS_DENSE_LAYER,
+    DECODE_KERNELS_MOE_EXTRA,
+    Context,
+    bandwidth_between,
+)
+from tuner.estimate.memory import rollout_params_per_gpu
+
+INTERNODE_LATENCY_FACTOR = 4.0
+"""A collective that crosses nodes costs this many NVLink collective latencies (network round
+trips of tens of microseconds)."""
+VLLM_MAX_CAPTURE_SIZE = 512
+"""Ceiling of vLLM 0.24.0's default CUDA-graph capture sizes on Hopper and older (vllm/config/
+vllm.py, VllmConfig._set_cudagraph_sizes: min(max_num_seqs * 2, 512), then at most
+max_num_batched_tokens)."""
+PIECEWISE_EAGER_KERNELS = 2
+"""Kernels per layer a piecewise CUDA graph leaves to eager launches: vLLM splits its compiled
+graph at attention (KV-cache write and the attention kernel) and replays the pieces between."""
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """The generation phase of one rollout layout."""
+
+    seconds: float
+    concurrency: float
+    """Sequences one engine runs at once in its busy phase."""
+    kv_tokens: float
+    """KV-cache capacity of one engine, tokens."""
+
+
+@functools.lru_cache(maxsize=64)
+def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """The decode batch sizes vLLM 0.24.0 (what verl 0.9.1 pins) captures CUDA graphs at when
+    `cudagraph_capture_sizes` is unset, as verl 0.9.1 leaves it (vllm/config/vllm.py,
+    VllmConfig._set_cudagraph_sizes): 1, 2, 4, then multiples of 8 below 256 and multiples of 16
+    from 256, up to min(2 * max_num_seqs, 512, max_num_batched_tokens), plus
+    max_num_batched_tokens itself when it lies below that ceiling. (The sequence-parallel pass
+    that would keep only multiples of the TP size is off by default in 0.24.0: IS_DENSE = False.)"""
+    top = min(2 * max_num_seqs, VLLM_MAX_CAPTURE_SIZE, max_num_batched_tokens)
+    sizes = {s for s in (1, 2, 4) if s <= top}
+    sizes.update(range(8, min(top + 1, 256), 8))
+    sizes.update(range(256, top + 1, 16))
+    if max_num_batched_tokens <= top:
+        sizes.add(max_num_batched_tokens)
+    return tuple(sorted(sizes))
+
+
+def padded_batch(batch: float, sizes: tuple[int, ...]) -> int:
+    """The captured size a decode step of `batch` sequences replays: the smallest capture size
+    at least as large (vLLM pads the batch to it; vllm/v1/cudagraph_dispatcher.py), or 0 when the
+    batch exceeds the largest and the step runs eagerly."""
+    i = bisect.bisect_left(sizes, math.ceil(batch - 1e-9))
+    return sizes[i] if i < len(sizes) else 0
+
+
+EAGER, FULL_GRAPH, PIECEWISE_GRAPH = 0, 1, 2
+"""How a vLLM decode step is launched: every kernel from Python, one full CUDA graph, or
+piecewise graphs with attention launched eagerly between them. verl 0.9.1 asks vLLM for
+`cudagraph_mode=FULL_AND_PIECEWISE` (verl/workers/rollout/vllm_rollout/vllm_async_server.py):
+uniform decode batches replay a full graph, batches that mix in a prefill chunk replay the
+piecewise graphs when their tokens fit the largest capture size and run eagerly otherwise
+(vllm/v1/cudagraph_dispatcher.py, CudagraphDispatcher.dispatch)."""
+
+
+def _decode_step_s(
+    ctx: Context,
+    rtp: int,
+    rdp: int,
+    rep: int,
+    batch: float,
+    context_len: float,
+    mode: int = EAGER,
+    rows: float = 0.0,
+) -> float:
+    """One vLLM decode step of `batch` sequences (per engine) whose mean context is
+    `context_len`: the GPU streams weights and KV cache or computes, whichever is longer, then
+    the TP all-reduces (over the network when TP spans nodes) and, for a MoE with rollout DP,
+    the expert collectives, then the engine's host work. At low batch the weight read
+    dominates: the long tail's steps cost nearly a full one.
+
+    `mode` says how the step is launched. Eager: the host launches every kernel (tens per layer)
+    and the GPU cannot run ahead of it, so at low batch the launches bound the step. A CUDA
+    graph replays the captured forward in one launch, at `rows` (the batch padded to the capture
+    size): the padding rows cost GEMM FLOPs and collective bytes; attention reads only the real
+    sequences' KV cache. Piecewise graphs leave attention to eager launches."""
+    p = ctx.profile
+    rows = max(rows, batch)
+    # an untied input embedding is looked up row by row, never streamed (only the output
+    # layer's table is read whole); a tied table is counted once, as the output layer. What one
+    # GPU holds of the rest: memory.rollout_params_per_gpu (kv heads replicated above rtp, MoE
+    # experts over the replica's tp * dp GPUs)
+    streamed = ctx.total_params - (ctx.embed_params if ctx.head_params else 0.0)
+    dense_p, expert_p = rollout_params_per_gpu(ctx, rtp, rdp, streamed)
+    dense_w, expert_w = dense_p * BF16, expert_p * BF16
+    group = rtp * rdp
+    if ctx.is_moe:
+        touched = 1.0 - (1.0 - ctx.topk / ctx.experts) ** max(batch * rdp, 1.0)
+        expert_w *= touched
+    kv_heads_local = max(1.0, ctx.kv_heads / rtp)
+    kv_token = 2 * ctx.layers * kv_heads_local * ctx.head_dim * BF16
+    # the GEMMs (weights streamed or FLOPs, whichever is longer) and the attention kernels
+    # (KV cache streamed) are separate kernels that run one after the other: their times add
+    rate = ctx.peak * p.gemm_efficiency
+    linear = 2 * rows * (ctx.layers * ctx.layer_active_linear + ctx.head_or_embed())
+    gemm = max((dense_w + expert_w) / ctx.hbm, linear / rtp / rate)
+    attn_flops = 4 * batch * ctx.layers * ctx.q_dim * context_len
+    attn = max(batch * context_len * kv_token / ctx.hbm, attn_flops / rtp / rate)
+    if mode == FULL_GRAPH:
+        gpu = gemm + attn + p.decode_graph_replay_s
+    else:
+        if mode == PIECEWISE_GRAPH:
+            launch = ctx.layers * (
+                PIECEWISE_EAGER_KERNELS * p.decode_launch_s + p.decode_graph_replay_s
+            )
+        else:
+            kernels = DECODE_KERNELS_DENSE_LAYER + (DECODE_KERNELS_MOE_EXTRA if ctx.is_moe else 0)
+            launch = ctx.layers * kernels * p.decode_launch_s
+        gpu = max(gemm + attn, launch)
+    comm = 0.0
+    lat = p.collective_latency_s
+    if rtp > 1:
+        bw = bandwidth_between(ctx, rtp)
+        lat_tp = lat * (INTERNODE_LATENCY_FACTOR if rtp > ctx.local_gpus else 1.0)
+        per = rows * ctx.hidden * BF16 * 2 * (rtp - 1) / rtp / bw
+        comm = 2 * ctx.layers * (lat_tp + per)
+    if ctx.is_moe and rdp > 1:
+        bw = bandwidth_between(ctx, group)
+        lat_g = lat * (INTERNODE_LATENCY_FACTOR if group > ctx.local_gpus else 1.0)
+        if rep > 1:  # all-to-all dispatch and combine of the routed tokens
+            vol = 2 * rows * ctx.topk * ctx.hidden * BF16 * (group - 1) / group
+        else:  # experts tensor-parallel over tp*dp: gather the dp ranks' tokens, reduce back
+            vol = 2 * rows * rdp * ctx.hidden * BF16 * (group - 1) / group
+        comm += ctx.layers * (2 * lat_g + vol / bw)
+    host = p.decode_step_overhead_s + batch * p.decode_seq_overhead_s
+    return gpu + comm + host
+
+
+DRAIN_SEGMENTS = 48
+"""Pieces the decode tail is integrated over."""
+
+
+def _tail_end(n: float, survival: Any, cap: float) -> float:
+    """Where n·survival(x) falls to one: the expected end of the longest of n (bisection)."""
+    if n * survival(cap * (1 - 1e-9)) >= 1.0:
+        return cap
+    lo, hi = 0.0, cap
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if n * survival(mid) >= 1.0:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def generation(
+    ctx: Context,
+    rtp: int,
+    rdp: int,
+    rep: int,
+    util: float,
+    mnbt: int,
+    mns: int,
+    kv_bytes: float,
+    eager: bool = False,
+) -> Generation:
+    """Seconds the slowest engine needs for its share of the batch, from the response-length
+    model (tuner.lengths) and the scheduler's concurrency.
+
+    Each vLLM scheduler (one per rollout-TP group; a DP rank has its own) runs at most
+    C = min(its share, max_num_seqs, max_num_batched_tokens, KV capacity / in-flight context)
+    sequences. While sequences wait, every finished one is replaced: C run at once. When the
+    queue empties the C in flight have residual lengths from the length-biased residual law, so
+    the active count decays as C·P(residual > r) and the step ends when the longest response of
+    the whole batch ends (where the in-flight count of all engines falls to one): the last
+    decode steps run at low occupancy, each costing nearly a full weight read. When the share
+    fits at once, all start together and the count decays as share·P(length > t).
+
+    With CUDA graphs (`eager` False) a pure decode step replays the graph of its batch padded to
+    the next capture size; in the busy phase the steps that admit a new sequence also prefill its
+    prompt, and such a mixed batch runs on piecewise graphs, or eagerly when its tokens exceed the
+    largest capture size. Prefill itself is compute-bound and costed by its FLOPs either way."""
+    key = (rtp, rdp, rep, util, mnbt, mns, eager)
+    hit = ctx.generation_cache.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    lengths = ctx.lengths
+    if lengths is None:  # set in Context.__post_init__
+        raise RuntimeError("context without a response-length model")
+    schedulers = max(1, ctx.cluster.num_gpus // rtp)
+    share = ctx.samples / schedulers
+    kv_heads_local = max(1.0, ctx.kv_heads / rtp)
+    kv_token = 2 * ctx.layers * kv_heads_local * ctx.head_dim * BF16
+    kv_tokens = max(0.0, kv_bytes) / kv_token
+    if kv_tokens < ctx.max_seq:
+        gen = Generation(math.inf, 0.0, kv_tokens)
+        ctx.generation_cache[key] = gen
+        return gen
+    cap = float(ctx.response_max)
+    prompt, mean = ctx.prompt_mean, ctx.response_mean
+    res_mean = lengths.mean_residual()
+    conc = min(share, float(mns), float(mnbt), kv_tokens / (prompt + res_mean))
+    conc = max(conc, 1.0)
+    sizes = () if eager else cudagraph_capture_sizes(mns, mnbt)
+
+    def decode(batch: float, context_len: float) -> float:
+        """A uniform decode step: the full graph of its padded size (piecewise graphs where the
+        padded size exceeds max_num_seqs: vLLM captures full decode graphs only up to it),
+        eager beyond the largest capture size or with enforce_eager."""
+        rows = padded_batch(batch, sizes) if sizes else 0
+        mode = EAGER if not rows else (FULL_GRAPH if rows <= mns else PIECEWISE_GRAPH)
+        return _decode_step_s(ctx, rtp, rdp, rep, batch, context_len, mode, rows)
+
+    seconds = 0.0
+    if share > conc:
+        # busy phase: C in flight; the tokens left to the drain are C mean residuals
+        steps = max(0.0, (share * mean - conc * res_mean) / conc)
+        step = decode(conc, prompt + res_mean)
+        if sizes:
+            # C / mean sequences end per step (a renewal process); the step that admits their
+            # successors prefills their prompts too: a mixed batch, on piecewise graphs when its
+            # tokens fit the largest capture size, eager otherwise (cudagraph_dispatcher.py)
+            ended = conc / mean
+            mixed = 1.0 - math.exp(-ended)
+            tokens = conc + prompt * ended / mixed
+            mode = PIECEWISE_GRAPH if padded_batch(tokens, sizes) else EAGER
+            mixed_step = _decode_step_s(ctx, rtp, rdp, rep, conc, prompt + res_mean, mode)
+            step = (1.0 - mixed) * step + mixed * mixed_step
+        seconds += steps * step
+        surv: Any = lengths.residual_survival
+        end = _tail_end(conc * schedulers, surv, cap)
+        seg = end / DRAIN_SEGMENTS
+        for i in range(DRAIN_SEGMENTS):
+            r = (i + 0.5) * seg
+            active = max(1.0, conc * surv(r))
+            # survivors r tokens into the drain: their age when the queue emptied is
+            # conditioned on reaching r more tokens under the cap
+            ctx_len = prompt + min(cap, lengths.mean_age_alive(r) + r)
+            seconds += seg * decode(active, ctx_len)
+    else:
+        surv = lengths.survival
+        end = _tail_end(share * schedulers, surv, cap)
+        seg = end / DRAIN_SEGMENTS
+        for i in range(DRAIN_SEGMENTS):
+            t = (i + 0.5) * seg
+            active = max(1.0, share * surv(t))
+            seconds += seg * decode(active, prompt + t)
+    # prefill of the engine's prompts (chunked into the decode steps, compute-bound); vLLM
+    # computes logits only at each prompt's last position (the one it samples from)
+    p = ctx.profile
+    prefill_flops = share * (
+        prompt * (2 * ctx.layers * ctx.layer_active_linear + 2 * ctx.layers * ctx.q_dim * prompt)
+        + 2 * ctx.head_or_embed()
+    )
+    seconds += prefill_flops / rtp / (ctx.peak * p.gemm_efficiency)
+    gen = Generation(seconds, conc, kv_tokens)
+    ctx.generation_cache[key] = gen
+    return gen
