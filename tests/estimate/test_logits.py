@@ -11,7 +11,8 @@ import tuner.estimate.time as time_mod
 from tuner.estimate import Profile
 from tuner.estimate.context import get_context
 from tuner.estimate.logits import LOGIT_HELD_BYTES, LOGIT_TRAFFIC_BYTES, PASSES
-from tuner.estimate.memory import _peak_micro_tokens, memory_of
+from tuner.estimate.memory import memory_of
+from tuner.estimate.micro_batches import peak_micro_tokens
 from tuner.hardware import GIB, GPUS, Cluster
 from tuner.models import get_model
 from tuner.space import Candidate, ParallelLayout
@@ -47,8 +48,8 @@ def test_memory_holds_the_full_logits_of_the_old_log_prob_pass() -> None:
     )
     ctx = get_context(m, cl, w, Profile())
     mem = memory_of(ctx, c)
-    lp_tokens = _peak_micro_tokens(ctx, c, log_prob=True)
-    upd_tokens = _peak_micro_tokens(ctx, c, log_prob=False)
+    lp_tokens = peak_micro_tokens(ctx, c, log_prob=True)
+    upd_tokens = peak_micro_tokens(ctx, c, log_prob=False)
     vocab_local = m.vocab_size / 4
     want = max(lp_tokens * 12, upd_tokens * 8) * vocab_local / GIB
     assert mem.logits_gib == pytest.approx(want, rel=1e-9)

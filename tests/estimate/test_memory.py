@@ -175,12 +175,12 @@ def test_fused_kernels_drop_the_logits() -> None:
     # plain: the larger of the update's and old_log_prob's largest micro-batch x vocab/4 x the
     # bytes verl's passes hold per logit (estimate/logits.py: 8 and 12)
     from tuner.estimate.context import get_context
-    from tuner.estimate.memory import _peak_micro_tokens
+    from tuner.estimate.micro_batches import peak_micro_tokens
 
     c = cand("tp4", use_fused_kernels=False, log_prob_max_token_len_per_gpu=10240)
     ctx = get_context(QWEN7B, H100x8, DAPO, P)
-    tokens = _peak_micro_tokens(ctx, c, log_prob=False)
-    lp_tokens = _peak_micro_tokens(ctx, c, log_prob=True)
+    tokens = peak_micro_tokens(ctx, c, log_prob=False)
+    lp_tokens = peak_micro_tokens(ctx, c, log_prob=True)
     assert plain.logits_gib * GIB == pytest.approx(max(tokens * 8, lp_tokens * 12) * v)
     assert plain.update_peak_gib > fused.update_peak_gib
 
@@ -355,15 +355,15 @@ def test_largest_micro_batch_is_the_runners_plan(name: str, trial: str) -> None:
     budget where verl's workload balancing puts two long samples together (dense trial 0:
     budget 9216, 11508 tokens)."""
     from tuner.estimate.context import get_context
-    from tuner.estimate.memory import _peak_micro_tokens
+    from tuner.estimate.micro_batches import peak_micro_tokens
 
     case, row = _measured_case(name, trial)
     extra = dict(kv.split("=", 1) for kv in row["extra"].split(";") if "=" in kv)
     ctx = get_context(case.model, case.cluster, case.workload, P)  # type: ignore[attr-defined]
-    tokens = _peak_micro_tokens(ctx, case.candidate, log_prob=False)  # type: ignore[attr-defined]
+    tokens = peak_micro_tokens(ctx, case.candidate, log_prob=False)  # type: ignore[attr-defined]
     # within 1%: the workload is rebuilt from the row (its mean lengths as written)
     assert tokens == pytest.approx(int(extra["update_actor_max_micro_batch_tokens"]), rel=0.01)
-    lp = _peak_micro_tokens(ctx, case.candidate, log_prob=True)  # type: ignore[attr-defined]
+    lp = peak_micro_tokens(ctx, case.candidate, log_prob=True)  # type: ignore[attr-defined]
     assert lp == pytest.approx(int(extra["old_log_prob_max_micro_batch_tokens"]), rel=0.01)
 
 
