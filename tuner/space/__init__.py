@@ -14,8 +14,9 @@ reference recipes and resumed studies. Rules are the ones megatron-core 0.19, vL
 enforce, no stricter; each is named (`RULES`) and its message says what to change.
 
 Modules: `layout` (ParallelLayout), `candidate` (Candidate and the knob choices), `rules`
-(validate() and RULES), `knobs` (KNOBS, knob_overrides()) and `sampling` (SearchSpace, sample(),
-params_for()); every public name is re-exported here.
+(validate() and RULES), `choices` (what the sampler offers each knob given what was drawn
+before), `knobs` (KNOBS, knob_overrides()) and `sampling` (SearchSpace, sample(), params_for());
+every public name is re-exported here.
 """
 
 from tuner.space.candidate import (
@@ -37,29 +38,31 @@ from tuner.space.candidate import (
     Candidate,
     modules_of,
 )
-from tuner.space.knobs import (
-    ACTOR,
+from tuner.space.choices import (
     BATCHED_TOKEN_FACTORS,
     BOOLS,
     CP_CHOICES,
     GPU_MEMORY_UTILIZATIONS,
-    KNOB_BY_NAME,
-    KNOBS,
     LOG_PROB_BUDGET_FACTORS,
     MAX_MICRO_BATCH_LOG2,
     MAX_PP,
     MAX_VPP,
-    NEUTRAL_PRIOR,
-    REF,
-    ROLLOUT,
     ROLLOUT_DP_CHOICES,
-    TF_CONFIG,
     TOKEN_BUDGET_FACTORS,
     Choices,
     Drawn,
+    round_up,
+)
+from tuner.space.knobs import (
+    ACTOR,
+    KNOB_BY_NAME,
+    KNOBS,
+    NEUTRAL_PRIOR,
+    REF,
+    ROLLOUT,
+    TF_CONFIG,
     Knob,
     knob_overrides,
-    round_up,
     worker_args,
 )
 from tuner.space.layout import (

@@ -1,18 +1,17 @@
 """The knob table: every knob declared once (`KNOBS`).
 
 Each `Knob` names its Candidate field, the choices the sampler offers (derived from the model,
-cluster, workload and the values drawn before it), its validity rules, the verl keys it sets,
-the argument of the megatron worker spec it maps to, and the term of the cost model that scores
-it. `sample()`, `params_for()`, `knob_overrides()` (hence the recipes and the verl runner),
-`validate()` and the CSV columns all read that table; adding a knob is one entry here plus its
-cost-model term (torchtitan's parallel_dims / Optuna's distributions: one declaration, many
-readers).
+cluster, workload and the values drawn before it: choices.py), its validity rules, the verl keys
+it sets, the argument of the megatron worker spec it maps to, and the term of the cost model that
+scores it. `sample()`, `params_for()`, `knob_overrides()` (hence the recipes and the verl
+runner), `validate()` and the CSV columns all read that table; adding a knob is one entry here
+plus its cost-model term (torchtitan's parallel_dims / Optuna's distributions: one declaration,
+many readers).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,12 +24,31 @@ from tuner.space.candidate import (
     MOE_DISPATCHER_CHOICES,
     RECOMPUTE_GRANULARITIES,
     RECOMPUTE_METHODS,
-    RECOMPUTE_MODULE_SETS_DENSE,
-    RECOMPUTE_MODULE_SETS_MOE,
     Candidate,
 )
-from tuner.space.layout import ParallelLayout
-from tuner.space.rules import RULES, Rule, budget_factor, token_budget
+from tuner.space.choices import (
+    BATCHED_TOKEN_FACTORS,
+    BOOLS,
+    GPU_MEMORY_UTILIZATIONS,
+    LOG_PROB_BUDGET_FACTORS,
+    MAX_MICRO_BATCH_LOG2,
+    TOKEN_BUDGET_FACTORS,
+    Choices,
+    Drawn,
+    budget_fields,
+    grouped_gemm_choices,
+    log2,
+    micro_choices,
+    modules_choices,
+    moe_space,
+    nearest,
+    nlayers_choices,
+    pow2,
+    rollout_dp_choices,
+    rollout_ep_choices,
+    sp_choices,
+)
+from tuner.space.rules import RULES, Rule
 
 if TYPE_CHECKING:
     from tuner.space.sampling import SearchSpace
@@ -40,24 +58,6 @@ ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
 ROLLOUT = "actor_rollout_ref.rollout"
 TF_CONFIG = "megatron.override_transformer_config"
-
-TOKEN_BUDGET_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0)
-"""ppo_max_token_len_per_gpu as multiples of one full sample per micro-batch of a CP group
-(rules.token_budget: factor * (prompt + response) / cp; references use 1x to 3x)."""
-LOG_PROB_BUDGET_FACTORS = (1.0, 2.0, 3.0, 4.0, 6.0, 10.0)
-"""log_prob_max_token_len_per_gpu the same way (references: 1x to 10x)."""
-GPU_MEMORY_UTILIZATIONS = (0.4, 0.5, 0.6, 0.7, 0.8)
-BATCHED_TOKEN_FACTORS = (1, 2)
-MAX_MICRO_BATCH_LOG2 = 3
-MAX_PP = 16
-MAX_VPP = 4
-CP_CHOICES = (1, 2, 4, 8)
-ROLLOUT_DP_CHOICES = (1, 2, 4, 8)
-BOOLS = (True, False)
-
-Drawn = dict[str, Any]
-"""Values drawn so far in sample()/params_for(), by knob name (`layout` included)."""
-Choices = Callable[["SearchSpace", Drawn], Sequence[Any] | None]
 
 
 def _identity(v: Any, *_: Any) -> Any:
@@ -74,14 +74,6 @@ def _null_if_one(v: Any) -> Any:
 
 def _null_if_zero(v: Any) -> Any:
     return None if v == 0 else v
-
-
-def round_up(x: float, multiple: int) -> int:
-    return int(math.ceil(x / multiple) * multiple)
-
-
-def _nearest(x: float, choices: Sequence[float]) -> Any:
-    return min(choices, key=lambda ch: abs(math.log(ch) - math.log(max(x, 1e-9))))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,103 +137,6 @@ def _tf(key: str, declared: bool = False) -> tuple[str, ...]:
 
 def _moe(c: Candidate, m: ModelSpec | None) -> bool:
     return m is not None and m.is_moe
-
-
-def _moe_space(choices: Sequence[Any]) -> Choices:
-    return lambda s, d: list(choices) if s.model.is_moe else None
-
-
-def _sp_choices(s: SearchSpace, d: Drawn) -> Sequence[Any]:
-    lay = d["layout"]
-    if lay.tp == 1 or not s.limits.sequence_parallel:
-        return [False]
-    return [True] if s.model.is_moe else [True, False]
-
-
-def _chunk(s: SearchSpace, lay: ParallelLayout) -> int:
-    return max(1, min(lay.stage_layers(s.model.num_layers)) // lay.vpp)
-
-
-def _nlayers_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
-    if d["recompute_granularity"] != "full":
-        return None
-    return list(range(1, _chunk(s, d["layout"]) + 1))
-
-
-def _modules_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
-    if d["recompute_granularity"] != "selective":
-        return None
-    # a fixed list per model and runner (Optuna's categorical choices may not change between
-    # trials); moe_grouped_gemm, drawn after, follows it (moe_act needs the grouped GEMM); sets
-    # with a module the runner cannot build are left out (SpaceLimits.recompute_modules_refused)
-    sets = RECOMPUTE_MODULE_SETS_MOE if s.model.is_moe else RECOMPUTE_MODULE_SETS_DENSE
-    refused = set(s.limits.recompute_modules_refused)
-    return [m for m in sets if refused.isdisjoint(m.split(","))]
-
-
-def _grouped_gemm_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
-    if not s.model.is_moe:
-        return None
-    needs = d.get("recompute_granularity") == "selective" and "moe_act" in str(
-        d.get("recompute_modules", "")
-    )
-    return [True] if needs else list(BOOLS)
-
-
-def _budget(factors: Sequence[float]) -> dict[str, Any]:
-    """Budgets in whole samples per micro-batch of the drawn layout's CP group, so context
-    parallel can fit a sequence no single GPU holds (rules.token_budget)."""
-    return dict(
-        choices=lambda s, d: list(factors) if d["use_dynamic_bsz"] else None,
-        decode=lambda f, s, d: token_budget(float(f), s.workload.max_seq_len, d["layout"].cp),
-        encode=lambda v, s, d: _nearest(
-            budget_factor(v, s.workload.max_seq_len, d["layout"].cp), factors
-        ),
-    )
-
-
-def _micro_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
-    if d["use_dynamic_bsz"]:
-        return None
-    w, lay = s.workload, d["layout"]
-    per_rank = w.mini_batch_size * w.n // lay.dp
-    twos = (per_rank & -per_rank).bit_length() - 1  # largest power of two dividing it
-    return list(range(0, min(MAX_MICRO_BATCH_LOG2, twos) + 1))
-
-
-def _log2(v: Any, *_: Any) -> int:
-    return int(math.log2(v))
-
-
-def _pow2(k: Any, *_: Any) -> int:
-    return int(2 ** int(k))
-
-
-def _rollout_dp_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
-    """log2 of the rollout DP sizes valid with the drawn rollout TP (an int range: Optuna lets
-    int ranges change between trials, not categorical lists)."""
-    if not s.model.is_moe:
-        return None
-    rtp, cl = d["rollout_tp"], s.cluster
-    out = [0]
-    for k, x in enumerate(ROLLOUT_DP_CHOICES[1:], start=1):
-        ok = (
-            cl.local_gpus % rtp == 0
-            and cl.num_gpus % (rtp * x) == 0
-            and (rtp * x) % min(cl.local_gpus, rtp * x) == 0
-        )
-        if not ok:
-            break
-        out.append(k)
-    return out
-
-
-def _rollout_ep_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
-    """Whether vLLM runs the experts expert-parallel (ep = tp * dp, verl's rule)."""
-    if not s.model.is_moe:
-        return None
-    g = d["rollout_tp"] * d.get("rollout_dp", 1)
-    return [False, True] if g > 1 and s.model.num_experts % g == 0 else [False]
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -320,7 +215,7 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=_both("megatron.sequence_parallel"),
         worker_arg="layout.sp",
         cost="time: _layout_lin(sp) collectives; memory: activations / tp",
-        choices=_sp_choices,
+        choices=sp_choices,
     ),
     Knob(
         name="moe_token_dispatcher_type",
@@ -328,7 +223,7 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=_tf("moe_token_dispatcher_type"),
         worker_arg="transformer.moe_token_dispatcher_type",
         cost="time: _layout_lin dispatch (allgather volume); flex vs alltoall is a neutral prior",
-        choices=_moe_space(MOE_DISPATCHER_CHOICES),
+        choices=moe_space(MOE_DISPATCHER_CHOICES),
         when=_moe,
     ),
     Knob(
@@ -337,7 +232,7 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=_tf("moe_permute_fusion"),
         worker_arg="transformer.moe_permute_fusion",
         cost="time: _layout_lin permute passes",
-        choices=_moe_space(BOOLS),
+        choices=moe_space(BOOLS),
         when=_moe,
     ),
     Knob(
@@ -366,7 +261,7 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=_tf("recompute_num_layers", declared=True),
         worker_arg="recompute.num_layers",
         cost="time: recompute fraction (block)",
-        choices=_nlayers_choices,
+        choices=nlayers_choices,
         int_range=True,
         when=lambda c, m: c.recompute_granularity == "full",
     ),
@@ -376,7 +271,7 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=_tf("recompute_modules", declared=True),
         worker_arg="recompute.modules",
         cost="time: forward of each listed module repeated (_Lin.*_fwd_slope)",
-        choices=_modules_choices,
+        choices=modules_choices,
         to_verl=lambda v: [x for x in str(v).split(",") if x],
         when=lambda c, m: c.recompute_granularity == "selective",
     ),
@@ -386,7 +281,7 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=_tf("moe_grouped_gemm"),
         worker_arg="transformer.moe_grouped_gemm",
         cost="time: _layout_lin per-expert GEMM launches when off",
-        choices=_grouped_gemm_choices,
+        choices=grouped_gemm_choices,
         when=_moe,
     ),
     Knob(
@@ -474,7 +369,7 @@ KNOBS: tuple[Knob, ...] = (
         cost="time: update micro-batches; memory: activations",
         param="ppo_max_token_len_factor",
         when=lambda c, m: c.use_dynamic_bsz,
-        **_budget(TOKEN_BUDGET_FACTORS),
+        **budget_fields(TOKEN_BUDGET_FACTORS),
     ),
     Knob(
         name="log_prob_max_token_len_per_gpu",
@@ -486,7 +381,7 @@ KNOBS: tuple[Knob, ...] = (
         cost="time: log-prob micro-batches; memory: log-prob activations",
         param="log_prob_max_token_len_factor",
         when=lambda c, m: c.use_dynamic_bsz,
-        **_budget(LOG_PROB_BUDGET_FACTORS),
+        **budget_fields(LOG_PROB_BUDGET_FACTORS),
     ),
     Knob(
         name="ppo_micro_batch_size_per_gpu",
@@ -495,10 +390,10 @@ KNOBS: tuple[Knob, ...] = (
         worker_arg="batch.micro_batch_size_per_gpu",
         cost="time: update micro-batches; memory: activations",
         param="ppo_micro_batch_log2",
-        choices=_micro_choices,
+        choices=micro_choices,
         int_range=True,
-        decode=_pow2,
-        encode=_log2,
+        decode=pow2,
+        encode=log2,
         when=lambda c, m: not c.use_dynamic_bsz,
     ),
     Knob(
@@ -514,8 +409,8 @@ KNOBS: tuple[Knob, ...] = (
             None if d["use_dynamic_bsz"] else list(range(0, MAX_MICRO_BATCH_LOG2 + 2))
         ),
         int_range=True,
-        decode=_pow2,
-        encode=_log2,
+        decode=pow2,
+        encode=log2,
         when=lambda c, m: not c.use_dynamic_bsz,
     ),
     Knob(
@@ -531,10 +426,10 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=(f"{ROLLOUT}.data_parallel_size",),
         cost="time: _decode_step_s expert weights over tp*dp and their collectives",
         param="rollout_dp_log2",
-        choices=_rollout_dp_choices,
+        choices=rollout_dp_choices,
         int_range=True,
-        decode=_pow2,
-        encode=_log2,
+        decode=pow2,
+        encode=log2,
     ),
     Knob(
         name="rollout_ep",
@@ -542,7 +437,7 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=(f"{ROLLOUT}.expert_parallel_size",),
         cost="time: _decode_step_s all-to-all instead of expert-TP all-reduce",
         param="rollout_expert_parallel",
-        choices=_rollout_ep_choices,
+        choices=rollout_ep_choices,
         decode=lambda on, s, d: d["rollout_tp"] * d.get("rollout_dp", 1) if on else 1,
         encode=lambda v, s, d: v > 1,
     ),
@@ -552,7 +447,7 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=(f"{ROLLOUT}.gpu_memory_utilization",),
         cost="memory: KV cache -> time: _generation concurrency",
         choices=lambda s, d: list(GPU_MEMORY_UTILIZATIONS),
-        encode=lambda v, s, d: _nearest(v, GPU_MEMORY_UTILIZATIONS),
+        encode=lambda v, s, d: nearest(v, GPU_MEMORY_UTILIZATIONS),
     ),
     Knob(
         name="max_num_batched_tokens",
@@ -562,7 +457,7 @@ KNOBS: tuple[Knob, ...] = (
         param="max_num_batched_tokens_factor",
         choices=lambda s, d: list(BATCHED_TOKEN_FACTORS),
         decode=lambda f, s, d: s.workload.max_seq_len * int(f),
-        encode=lambda v, s, d: _nearest(
+        encode=lambda v, s, d: nearest(
             (v or s.workload.max_seq_len) / s.workload.max_seq_len, BATCHED_TOKEN_FACTORS
         ),
     ),

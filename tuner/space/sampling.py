@@ -15,7 +15,8 @@ from tuner.errors import UserError
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.space.candidate import Candidate
-from tuner.space.knobs import CP_CHOICES, KNOBS, MAX_PP, MAX_VPP, Drawn, Knob
+from tuner.space.choices import CP_CHOICES, MAX_PP, MAX_VPP, Drawn
+from tuner.space.knobs import KNOBS, Knob
 from tuner.space.layout import ParallelLayout, balanced_split
 from tuner.space.rules import validate_layout
 from tuner.workload import Workload

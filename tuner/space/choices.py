@@ -1,0 +1,139 @@
+"""What the sampler offers each knob: the choice lists and the functions that derive a knob's
+valid values from the model, cluster, workload and the values drawn before it (knobs.py's
+`Knob.choices`, `decode` and `encode` point here)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tuner.space.candidate import RECOMPUTE_MODULE_SETS_DENSE, RECOMPUTE_MODULE_SETS_MOE
+from tuner.space.layout import ParallelLayout
+from tuner.space.rules import budget_factor, token_budget
+
+if TYPE_CHECKING:
+    from tuner.space.sampling import SearchSpace
+
+TOKEN_BUDGET_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0)
+"""ppo_max_token_len_per_gpu as multiples of one full sample per micro-batch of a CP group
+(rules.token_budget: factor * (prompt + response) / cp; references use 1x to 3x)."""
+LOG_PROB_BUDGET_FACTORS = (1.0, 2.0, 3.0, 4.0, 6.0, 10.0)
+"""log_prob_max_token_len_per_gpu the same way (references: 1x to 10x)."""
+GPU_MEMORY_UTILIZATIONS = (0.4, 0.5, 0.6, 0.7, 0.8)
+BATCHED_TOKEN_FACTORS = (1, 2)
+MAX_MICRO_BATCH_LOG2 = 3
+MAX_PP = 16
+MAX_VPP = 4
+CP_CHOICES = (1, 2, 4, 8)
+ROLLOUT_DP_CHOICES = (1, 2, 4, 8)
+BOOLS = (True, False)
+
+Drawn = dict[str, Any]
+"""Values drawn so far in sample()/params_for(), by knob name (`layout` included)."""
+Choices = Callable[["SearchSpace", Drawn], Sequence[Any] | None]
+
+
+def round_up(x: float, multiple: int) -> int:
+    return int(math.ceil(x / multiple) * multiple)
+
+
+def nearest(x: float, choices: Sequence[float]) -> Any:
+    return min(choices, key=lambda ch: abs(math.log(ch) - math.log(max(x, 1e-9))))
+
+
+def moe_space(choices: Sequence[Any]) -> Choices:
+    return lambda s, d: list(choices) if s.model.is_moe else None
+
+
+def sp_choices(s: SearchSpace, d: Drawn) -> Sequence[Any]:
+    lay = d["layout"]
+    if lay.tp == 1 or not s.limits.sequence_parallel:
+        return [False]
+    return [True] if s.model.is_moe else [True, False]
+
+
+def chunk(s: SearchSpace, lay: ParallelLayout) -> int:
+    return max(1, min(lay.stage_layers(s.model.num_layers)) // lay.vpp)
+
+
+def nlayers_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    if d["recompute_granularity"] != "full":
+        return None
+    return list(range(1, chunk(s, d["layout"]) + 1))
+
+
+def modules_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    if d["recompute_granularity"] != "selective":
+        return None
+    # a fixed list per model and runner (Optuna's categorical choices may not change between
+    # trials); moe_grouped_gemm, drawn after, follows it (moe_act needs the grouped GEMM); sets
+    # with a module the runner cannot build are left out (SpaceLimits.recompute_modules_refused)
+    sets = RECOMPUTE_MODULE_SETS_MOE if s.model.is_moe else RECOMPUTE_MODULE_SETS_DENSE
+    refused = set(s.limits.recompute_modules_refused)
+    return [m for m in sets if refused.isdisjoint(m.split(","))]
+
+
+def grouped_gemm_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    if not s.model.is_moe:
+        return None
+    needs = d.get("recompute_granularity") == "selective" and "moe_act" in str(
+        d.get("recompute_modules", "")
+    )
+    return [True] if needs else list(BOOLS)
+
+
+def budget_fields(factors: Sequence[float]) -> dict[str, Any]:
+    """Budgets in whole samples per micro-batch of the drawn layout's CP group, so context
+    parallel can fit a sequence no single GPU holds (rules.token_budget)."""
+    return dict(
+        choices=lambda s, d: list(factors) if d["use_dynamic_bsz"] else None,
+        decode=lambda f, s, d: token_budget(float(f), s.workload.max_seq_len, d["layout"].cp),
+        encode=lambda v, s, d: nearest(
+            budget_factor(v, s.workload.max_seq_len, d["layout"].cp), factors
+        ),
+    )
+
+
+def micro_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    if d["use_dynamic_bsz"]:
+        return None
+    w, lay = s.workload, d["layout"]
+    per_rank = w.mini_batch_size * w.n // lay.dp
+    twos = (per_rank & -per_rank).bit_length() - 1  # largest power of two dividing it
+    return list(range(0, min(MAX_MICRO_BATCH_LOG2, twos) + 1))
+
+
+def log2(v: Any, *_: Any) -> int:
+    return int(math.log2(v))
+
+
+def pow2(k: Any, *_: Any) -> int:
+    return int(2 ** int(k))
+
+
+def rollout_dp_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    """log2 of the rollout DP sizes valid with the drawn rollout TP (an int range: Optuna lets
+    int ranges change between trials, not categorical lists)."""
+    if not s.model.is_moe:
+        return None
+    rtp, cl = d["rollout_tp"], s.cluster
+    out = [0]
+    for k, x in enumerate(ROLLOUT_DP_CHOICES[1:], start=1):
+        ok = (
+            cl.local_gpus % rtp == 0
+            and cl.num_gpus % (rtp * x) == 0
+            and (rtp * x) % min(cl.local_gpus, rtp * x) == 0
+        )
+        if not ok:
+            break
+        out.append(k)
+    return out
+
+
+def rollout_ep_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    """Whether vLLM runs the experts expert-parallel (ep = tp * dp, verl's rule)."""
+    if not s.model.is_moe:
+        return None
+    g = d["rollout_tp"] * d.get("rollout_dp", 1)
+    return [False, True] if g > 1 and s.model.num_experts % g == 0 else [False]
