@@ -1,6 +1,6 @@
 """Where the megatron worker's device memory outside PyTorch's allocator comes from: the device's
 used memory (total - free) minus PyTorch's reserved memory, read after each start-up stage of
-the worker and around one real trial (estimate/device.py LOCAL_SPEC_OUTSIDE_GIB: 8.4-9.0 GiB
+the worker and around one real trial (estimate/memfit.py LOCAL_SPEC_OUTSIDE_GIB: 8.4-9.0 GiB
 measured per process, most of it unexplained). On one GPU host with the wheels installed
 (scripts/gpu_setup.sh), from the repository root:
 
@@ -111,6 +111,7 @@ def main(out: Path) -> int:
 
 def write_spec(path: Path) -> None:
     """The small H100 study's workload and a full-recompute candidate (its best hand-grid row)."""
+    from tuner.hardware import Cluster, get_gpu
     from tuner.models import get_model
     from tuner.runners.megatron import worker_spec
     from tuner.space import Candidate, ParallelLayout
@@ -129,7 +130,8 @@ def write_spec(path: Path) -> None:
         log_prob_max_token_len_per_gpu=32768,
         use_fused_kernels=True,
     )
-    path.write_text(json.dumps(worker_spec(c, model, w)))
+    cluster = Cluster(gpu=get_gpu("h100"), num_gpus=1, gpus_per_node=1)
+    path.write_text(json.dumps(worker_spec(c, model, cluster, w)))
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def check_refusals(out: Path) -> dict:
             ]
             for v in variants:
                 c = Candidate(layout=lay, **v)
-                ours = sorted(r.rule for r in refusals(c, m) if r.when == "config")
+                ours = sorted(r.rule for r in refusals(c, m, cl, w) if r.when == "config")
                 spec = WorkerSpec(
                     model=m,
                     layout=lay,

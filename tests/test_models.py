@@ -274,5 +274,6 @@ def test_shared_experts_and_dense_layers_reach_the_cost_model(tmp_path: Path) ->
     # the megatron worker builds one layer spec for every layer: DeepSeek's dense first layer
     # is refused there, not measured as a MoE layer
     ds = get_model(str(_write(tmp_path, DEEPSEEK_V2_LITE)))
-    assert "dense_layers_not_built" in {r.rule for r in refusals(c, ds)}
-    assert "dense_layers_not_built" not in {r.rule for r in refusals(c, m)}
+    w = get_workload("grpo-short")
+    assert "dense_layers_not_built" in {r.rule for r in refusals(c, ds, cl, w)}
+    assert "dense_layers_not_built" not in {r.rule for r in refusals(c, m, cl, w)}

@@ -439,3 +439,11 @@ def test_token_budgets_follow_context_parallel() -> None:
         if k.name.endswith("max_token_len_per_gpu"):
             assert k.decode(1.0, space, {"layout": cp8}) == 8192
     assert token_budget(1.5, 65536, 8) == 12288
+
+
+def test_etp_on_a_dense_model_is_not_refused() -> None:
+    """megatron-core 0.19 refuses expert parallel without experts (TransformerConfig:
+    "num_moe_experts must be non None to use expert-parallel"), not expert tensor parallel, which
+    a dense model never uses; the rule is no stricter (issue 20: the two copies disagreed)."""
+    assert "dense_no_ep" not in _broken("qwen2.5-7b", 8, layout=ParallelLayout(world=8, etp=2))
+    assert "dense_no_ep" in _broken("qwen2.5-7b", 8, layout=ParallelLayout(world=8, ep=2, etp=2))

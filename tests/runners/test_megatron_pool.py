@@ -1,5 +1,5 @@
-"""The worker pool's protocol with a real small program standing in for torchrun, progress
-lines, and megatron-core's refusal rules (CPU only)."""
+"""The worker pool's protocol with a real small program standing in for torchrun, and progress
+lines (CPU only)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from tuner.models import get_model
 from tuner.runners.megatron_pool import WorkerPool
-from tuner.runners.megatron_refusals import megatron_refusals, refusals
 from tuner.runners.megatron_worker.protocol import (
     LEAVING,
     Progress,
@@ -17,7 +15,6 @@ from tuner.runners.megatron_worker.protocol import (
     append_progress,
     read_progress,
 )
-from tuner.space import Candidate, ParallelLayout
 
 FAKE_POOL = """
 import json, os, sys, time
@@ -142,28 +139,3 @@ def test_progress_lines_skip_a_partial_line(tmp_path: Path):
     got = read_progress(p)
     assert got == [Progress(step=0, seconds=2.0, tokens=1600, update_actor_s=1.5)]
     assert got[0].tokens_per_s_per_gpu(4) == 200.0
-
-
-def test_refusal_rules_name_the_rule_and_when_megatron_enforces_it():
-    dense, moe = get_model("qwen2.5-7b"), get_model("qwen3-30b-moe")
-
-    def rules(c: Candidate, m=dense) -> set[str]:
-        return {r.rule for r in refusals(c, m)}
-
-    lay = ParallelLayout
-    assert megatron_refusals(Candidate(layout=lay(world=2, tp=2)), dense) == []
-    assert rules(Candidate(layout=lay(world=8, tp=8)), dense) == {"tp_heads"}  # 28 heads
-    assert rules(Candidate(layout=lay(world=8, tp=2, ep=4)), moe) == {"moe_tp_needs_sp"}
-    assert rules(Candidate(layout=lay(world=2, ep=2)), dense) == {"ep_needs_moe"}
-    assert rules(Candidate(layout=lay(world=3, pp=3)), dense) == {"pipeline_split"}
-    assert rules(Candidate(layout=lay(world=1, vpp=2))) == {"vpp_needs_pp"}
-    full = Candidate(layout=lay(world=2, pp=2, vpp=2), recompute_granularity="full",
-                     recompute_num_layers=8)  # fmt: skip
-    assert rules(full) == {"recompute_chunk"}  # 7 layers a chunk; mcore checks only <= 14
-    sel = Candidate(layout=lay(world=1), recompute_granularity="selective",
-                    recompute_modules="moe_act", moe_grouped_gemm=False)  # fmt: skip
-    assert rules(sel, moe) == {"moe_act_needs_grouped_gemm"}
-    when = {r.rule: r.when for r in refusals(Candidate(layout=lay(world=3, pp=3)), dense)}
-    assert when == {"pipeline_split": "runtime"}  # the even split is checked at build time
-    uneven = lay(world=2, pp=2, first_stage_layers=27, last_stage_layers=2)
-    assert {r.when for r in refusals(Candidate(layout=uneven), dense)} == {"config"}

@@ -64,6 +64,7 @@ def trial(tmp: Path, timeout_s: float = 60.0, **cand: object) -> TrialSpec:
     m, cl = get_model("qwen3-30b-moe"), Cluster(gpu=get_gpu("h100"), num_gpus=8)
     w = get_workload("dapo-math")
     cand.setdefault("ppo_max_token_len_per_gpu", 12288)
+    cand.setdefault("log_prob_max_token_len_per_gpu", 12288)
     c = Candidate(
         layout=ParallelLayout(world=8, pp=2, vpp=2, ep=4),
         **cand,  # type: ignore[arg-type]
@@ -96,7 +97,7 @@ def fake_runner(tmp: Path, mode: str) -> MegatronRunner:
 
 def test_worker_spec_follows_candidate_model_and_workload():
     t = trial(Path("/nonexistent"), recompute_granularity="full", recompute_num_layers=1)
-    d = worker_spec(t.candidate, t.model, t.workload, seed=5, mini_batches=2)
+    d = worker_spec(t.candidate, t.model, t.cluster, t.workload, seed=5, mini_batches=2)
     s = WorkerSpec.from_dict(json.loads(json.dumps(d)))
     w = t.workload
     assert s.layout == t.candidate.layout and s.layout.dp == 4
@@ -107,7 +108,7 @@ def test_worker_spec_follows_candidate_model_and_workload():
     assert s.recompute.granularity == "full" and s.recompute.num_layers == 1
     assert s.phases == ("old_log_prob", "update_actor") and s.use_fused_kernels
     assert d["lengths"]["mini_batches_per_step"] == w.mini_batches_per_step
-    assert d == worker_spec(t.candidate, t.model, t.workload, seed=5, mini_batches=2)
+    assert d == worker_spec(t.candidate, t.model, t.cluster, t.workload, seed=5, mini_batches=2)
 
 
 def test_the_spec_and_the_timeout_know_the_measured_window(tmp_path: Path):
@@ -134,7 +135,8 @@ def test_refused_candidates_cost_no_launch(tmp_path: Path):
 
     t = trial(tmp_path, ppo_max_token_len_per_gpu=4096)
     row = MegatronRunner(launch=launch).run(t)
-    assert row.status is Status.PRUNED_INVALID and "verl refuses it" in row.reason
+    assert row.status is Status.PRUNED_INVALID and "[token_budget]" in row.reason
+    assert "ppo_max_token_len_per_gpu(4096) * cp(1) is below one sample's" in row.reason
     moe_tp = dataclasses.replace(
         t, candidate=dataclasses.replace(t.candidate, layout=ParallelLayout(world=8, tp=2, ep=4))
     )
@@ -261,19 +263,22 @@ def test_space_offers_no_recompute_module_the_worker_cannot_build() -> None:
 
     assert CONFIG_MOE_GROUPED_GEMM is False
     m = get_model("qwen3-30b-moe")
-    cl = Cluster(gpu=get_gpu("h200"), num_gpus=8)
+    cl, w = Cluster(gpu=get_gpu("h200"), num_gpus=8), get_workload("grpo-short")
     lay = ParallelLayout.parse("ep8", 8)
     pinned = Candidate(
         layout=lay,
         recompute_granularity="selective",
         recompute_modules="core_attn,moe_act",
         moe_grouped_gemm=True,
+        ppo_max_token_len_per_gpu=w.max_seq_len,
+        log_prob_max_token_len_per_gpu=w.max_seq_len,
     )
-    assert {r.rule for r in refusals(pinned, m)} == {"moe_act_needs_grouped_gemm"}
-    assert not megatron_refusals(dataclasses.replace(pinned, recompute_modules="core_attn"), m)
+    assert {r.rule for r in refusals(pinned, m, cl, w)} == {"moe_act_needs_grouped_gemm"}
+    kept = dataclasses.replace(pinned, recompute_modules="core_attn")
+    assert not megatron_refusals(kept, m, cl, w)
     limits = MegatronRunner().space_limits(m)
     assert limits.recompute_modules_refused == ("moe_act",)
-    space = SearchSpace(model=m, cluster=cl, workload=get_workload("grpo-short"), limits=limits)
+    space = SearchSpace(model=m, cluster=cl, workload=w, limits=limits)
     rng = random.Random(0)
     seen = set()
     for _ in range(300):
@@ -281,7 +286,7 @@ def test_space_offers_no_recompute_module_the_worker_cannot_build() -> None:
         if c.recompute_granularity == "selective":
             seen.add(c.recompute_modules)
             assert "moe_act" not in c.recompute_modules.split(",")
-            assert not [r for r in refusals(c, m) if r.rule == "moe_act_needs_grouped_gemm"]
+            assert not [r for r in refusals(c, m, cl, w) if r.rule == "moe_act_needs_grouped_gemm"]
     assert "moe" in seen  # the other MoE sets are still offered
     # a dense model's space (no MoE module offered) keeps its fingerprint
     dense = get_model("qwen2.5-7b")

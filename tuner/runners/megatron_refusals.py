@@ -1,26 +1,31 @@
-"""What megatron-core 0.19.2 refuses, checked on the CPU before a launch.
+"""What the megatron runner refuses before a launch: the shared rules plus its worker's own.
 
-Each rule names where megatron-core enforces it (the file under megatron/core/) and whether it is
-refused when the config is built (`config`: TransformerConfig / ModelParallelConfig
-__post_init__, so a GPU host can check this function against megatron-core by building
-TransformerConfig for every layout: scripts/gpu_refusals.py) or later (`runtime`: process
-groups, the first forward, the schedule)."""
+The rules verl, vLLM and megatron-core enforce live once, in `tuner.space.RULES`; this module
+adds only what the runner's worker refuses beyond them (`MEGATRON_RULES`, `Rule`s of the same
+form) and checks both with `tuner.space.broken_rules`. Each verdict says when it would be
+refused (`when`): `config` (megatron-core's TransformerConfig / ModelParallelConfig
+__post_init__, so a GPU host can compare refusals() with megatron-core by building
+TransformerConfig for every layout: scripts/gpu_runner_check.py), `runtime` (megatron-core or
+the worker later: process groups, the layer build, the first forward, the schedule) or `verl`
+(verl or vLLM refuse it; megatron-core never sees it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.runners.megatron_worker.model import CONFIG_MOE_GROUPED_GEMM
-from tuner.space import Candidate, modules_of
+from tuner.space import RULES, Candidate, Rule, broken_rules, modules_of
+from tuner.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
     rule: str
-    """Short id."""
+    """The rule's name (a `tuner.space.RULES` or `MEGATRON_RULES` name)."""
     when: str
-    """config (TransformerConfig/ModelParallelConfig __post_init__) or runtime."""
+    """config, runtime or verl (see the module docstring)."""
     message: str
 
 
@@ -28,121 +33,102 @@ def unbuilt_recompute_modules(m: ModelSpec) -> tuple[str, ...]:
     """Selective-recompute modules megatron-core refuses in the TransformerConfig the worker
     builds for `m` (model.config_kwargs): moe_act needs moe_grouped_gemm, which the worker sets
     to CONFIG_MOE_GROUPED_GEMM on a MoE and leaves at megatron-core's False on a dense model,
-    whatever the candidate's moe_grouped_gemm says. The one rule refusals() checks and the
-    megatron runner's space leaves out (MegatronRunner.space_limits)."""
+    whatever the candidate's moe_grouped_gemm says. The rule moe_act_needs_grouped_gemm checks it
+    and the megatron runner's space leaves them out (MegatronRunner.space_limits)."""
     return () if (CONFIG_MOE_GROUPED_GEMM and m.is_moe) else ("moe_act",)
 
 
-def refusals(c: Candidate, m: ModelSpec) -> list[Refusal]:
-    """Every megatron-core 0.19.2 rule the candidate breaks (see the module docstring)."""
-    lay = c.layout
-    out: list[Refusal] = []
-
-    def add(cond: bool, rule: str, when: str, msg: str) -> None:
-        if cond:
-            out.append(Refusal(rule, when, msg))
-
-    # transformer_config.py: "num_attention_heads must be a multiple of tensor_model_parallel_size"
-    add(
-        m.num_attention_heads % lay.tp != 0,
-        "tp_heads",
-        "config",
-        f"tp({lay.tp}) does not divide the {m.num_attention_heads} attention heads",
-    )
-    # transformer_config.py: "num_query_groups must be a multiple or divisor of tp"
-    add(
-        m.num_kv_heads % lay.tp != 0 and lay.tp % m.num_kv_heads != 0,
-        "tp_kv_heads",
-        "config",
-        f"tp({lay.tp}) and the {m.num_kv_heads} kv heads do not divide one another",
-    )
-    # model_parallel_config.py: "Cannot use sequence parallelism without tensor parallelism"
-    add(
-        c.sequence_parallel and lay.tp == 1,
-        "sp_needs_tp",
-        "config",
-        "sequence parallel needs tp > 1",
-    )
-    # transformer_config.py: "num_moe_experts must be non None to use expert-parallel"
-    add(not m.is_moe and lay.ep > 1, "ep_needs_moe", "config", f"ep({lay.ep}) > 1 on a dense model")
-    # parallel_state.py: experts are split over ep ranks (moe_layer: num_local_experts)
-    add(
-        m.is_moe and m.num_experts % lay.ep != 0,
-        "ep_experts",
-        "runtime",
-        f"ep({lay.ep}) does not divide the {m.num_experts} experts",
-    )
+def _dense_layers_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
     # not megatron-core's refusal but the worker's: its one local layer spec builds every layer
     # with the MoE block (model.layer_spec), so leading dense layers would be built as MoE
-    add(
-        m.num_dense_layers > 0,
-        "dense_layers_not_built",
-        "runtime",
+    if m.num_dense_layers <= 0:
+        return []
+    return [
         f"the megatron runner's worker builds every layer as MoE: this model's "
         f"{m.num_dense_layers} leading dense layers (first_k_dense_replace) are not measured; "
-        "use --runner verl or the estimator",
-    )
-    # moe/moe_layer.py forward: "MoE and tensor parallelism ... without sequence parallelism"
-    add(
-        m.is_moe and lay.tp > 1 and not c.sequence_parallel,
-        "moe_tp_needs_sp",
-        "runtime",
-        "a MoE model with tp > 1 needs sequence parallel (megatron-core raises in training)",
-    )
-    # transformer_config.py: vpp needs a pipeline; the split rules (uneven stages, divisibility)
-    if lay.vpp > 1 and lay.pp == 1:
-        # schedules.py: without a pipeline the no-pipelining schedule takes one model chunk
-        add(True, "vpp_needs_pp", "runtime", f"vpp({lay.vpp}) needs pp > 1")
-        stages = None
-    else:
-        try:
-            stages = lay.stage_layers(m.num_layers)
-        except ValueError as e:
-            # uneven first/last stages are checked in TransformerConfig.__post_init__; the even
-            # split only when the layers are built (transformer_block.get_num_layers_to_build)
-            add(True, "pipeline_split", "config" if lay.uneven else "runtime", str(e))
-            stages = None
-    # transformer_config.py names the range 1..num_layers // pp but only refuses a missing
-    # value (measured on megatron-core 0.19.2); transformer_block applies it per chunk
-    if c.recompute_granularity == "full":
-        top = m.num_layers // lay.pp
-        add(
-            not 1 <= c.recompute_num_layers <= top,
-            "recompute_num_layers",
-            "runtime",
-            f"recompute_num_layers({c.recompute_num_layers}) must lie in 1..{top} "
-            "(num_layers / pp)",
-        )
-        if stages is not None:
-            chunk = min(stages) // lay.vpp
-            add(
-                c.recompute_num_layers > chunk,
-                "recompute_chunk",
-                "runtime",
-                f"recompute_num_layers({c.recompute_num_layers}) exceeds the {chunk} layers of "
-                "one pipeline chunk",
-            )
-    if c.recompute_granularity == "selective":
-        mods = modules_of(c)
-        # transformer_config.py: "moe_act in recompute_modules is only supported with
-        # moe_grouped_gemm", checked against the flag the worker builds (not the candidate's)
-        unbuilt = sorted(set(mods) & set(unbuilt_recompute_modules(m)))
-        add(
-            bool(unbuilt),
-            "moe_act_needs_grouped_gemm",
-            "config",
-            f"recompute module {', '.join(unbuilt)} needs megatron-core's moe_grouped_gemm, which "
-            "the megatron runner's worker builds off (its own grouped-GEMM experts): drop it",
-        )
-        add(
-            ("moe_act" in mods or "moe" in mods) and not m.is_moe,
-            "moe_recompute_dense",
-            "runtime",
-            "MoE recompute modules on a dense model recompute nothing",
-        )
-    return out
+        "use --runner verl or the estimator"
+    ]
 
 
-def megatron_refusals(candidate: Candidate, model: ModelSpec) -> list[str]:
-    """Sentences for every megatron-core 0.19.2 rule the candidate breaks; empty if none."""
-    return [r.message for r in refusals(candidate, model)]
+def _unbuilt_modules_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    # transformer_config.py: "moe_act in recompute_modules is only supported with
+    # moe_grouped_gemm", against the flag the worker builds (the shared rule reads the
+    # candidate's, which is what verl builds)
+    if c.recompute_granularity != "selective":
+        return []
+    unbuilt = sorted(set(modules_of(c)) & set(unbuilt_recompute_modules(m)))
+    if not unbuilt:
+        return []
+    return [
+        f"recompute module {', '.join(unbuilt)} needs megatron-core's moe_grouped_gemm, which "
+        "the megatron runner's worker builds off (its own grouped-GEMM experts): drop it"
+    ]
+
+
+def _moe_recompute_dense_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    # megatron-core accepts it and recomputes nothing: the runner does not spend a trial on it
+    mods = modules_of(c)
+    if c.recompute_granularity != "selective" or m.is_moe or not {"moe_act", "moe"} & set(mods):
+        return []
+    return ["MoE recompute modules on a dense model recompute nothing: drop them"]
+
+
+MEGATRON_RULES: tuple[Rule, ...] = (
+    Rule("dense_layers_not_built", "layout", _dense_layers_rule),
+    Rule("moe_act_needs_grouped_gemm", "recompute_modules", _unbuilt_modules_rule),
+    Rule("moe_recompute_dense", "recompute_modules", _moe_recompute_dense_rule),
+)
+"""What the megatron runner refuses beyond `tuner.space.RULES` (none restates one of them)."""
+
+RUNNER_RULES: tuple[Rule, ...] = (*RULES, *MEGATRON_RULES)
+"""Every rule the megatron runner checks before a launch."""
+
+AT_CONFIG = frozenset(
+    {
+        "tp_heads",  # transformer_config.py: heads a multiple of tp
+        "tp_kv_heads",  # transformer_config.py: num_query_groups a multiple or divisor of tp
+        "sp_needs_tp",  # model_parallel_config.py: no sequence parallelism without tp
+        "dense_no_ep",  # transformer_config.py: num_moe_experts needed for expert parallel
+        "recompute_granularity",  # transformer_config.py: full or selective
+        "recompute_method",  # transformer_config.py: block or uniform
+        "recompute_modules",  # transformer_config.py: allowed modules and what each needs
+        "moe_act_needs_grouped_gemm",
+    }
+)
+"""Rules megatron-core refuses when the config is built; `pipeline_split` too where the split
+is uneven (the even split is checked when the layers are built)."""
+AT_RUNTIME = frozenset(
+    {
+        "vpp_needs_pp",  # schedules.py: without a pipeline one model chunk only
+        "pipeline_split",  # transformer_block.get_num_layers_to_build
+        "ep_experts",  # moe_layer: experts split over the ep ranks
+        "moe_tp_needs_sp",  # moe_layer forward: MoE with tp and no sequence parallel
+        "recompute_num_layers",  # the worker's spec check (megatron-core applies it per chunk)
+        "moe_token_dispatcher_type",  # moe_layer.py: "Unsupported token dispatcher type"
+        "dense_layers_not_built",
+        "moe_recompute_dense",
+    }
+)
+"""Rules refused later, by megatron-core or the worker; every other rule is verl's or vLLM's."""
+
+
+def when_refused(rule: str, c: Candidate) -> str:
+    """config, runtime or verl: when a verdict of `rule` would stop the candidate."""
+    if rule in AT_CONFIG or (rule == "pipeline_split" and c.layout.uneven):
+        return "config"
+    return "runtime" if rule in AT_RUNTIME else "verl"
+
+
+def refusals(c: Candidate, m: ModelSpec, cluster: Cluster, workload: Workload) -> list[Refusal]:
+    """Every rule of RUNNER_RULES the candidate breaks, with when it is refused."""
+    return [
+        Refusal(name, when_refused(name, c), msg)
+        for name, msg in broken_rules(c, m, cluster, workload, RUNNER_RULES)
+    ]
+
+
+def megatron_refusals(
+    candidate: Candidate, model: ModelSpec, cluster: Cluster, workload: Workload
+) -> list[str]:
+    """`[rule] sentence` for every rule of RUNNER_RULES the candidate breaks; empty if none."""
+    return [f"[{r.rule}] {r.message}" for r in refusals(candidate, model, cluster, workload)]

@@ -60,6 +60,7 @@ from tuner.runners.verl_log import (
     root_exception,
 )
 from tuner.runners.verl_preflight import Preflight, preflight, run_probe
+from tuner.runners.verl_probe import PACKAGES
 from tuner.space import SpaceLimits
 from tuner.verl_settings import VerlSettings, bare_key
 
@@ -67,7 +68,6 @@ LOG_NAME = "verl.log"
 COMMAND_NAME = "command.sh"
 LOG_TAIL_BYTES = 4_000_000
 """How much of the end of a log is searched for a failure's cause."""
-PACKAGES = ("verl", "vllm", "megatron-core", "torch", "ray", "transformers")
 _PROBE_PY = (
     "import importlib.metadata as md\n"
     "def v(p):\n"

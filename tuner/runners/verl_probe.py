@@ -1,7 +1,9 @@
 """The verl preflight's probe: run by path with the Python the trials use (no tuner import, the
 standard library and what it probes only), it imports what a verl Megatron trial imports, reads
 the versions and pins from the installed packages' metadata, composes the user's overrides with
-verl's own Hydra config, and prints one JSON object on its last line.
+verl's own Hydra config, and prints one JSON object on its last line. The tuner imports it too,
+for the one list of packages whose versions a trial records (PACKAGES); importing it does
+nothing else.
 
 usage: python verl_probe.py '{"bridge_module": "mbridge", "overrides": ["k=v", ...]}'
 """
@@ -17,11 +19,6 @@ import sys
 import time
 from typing import Any
 
-# Run by path, Python puts this folder first on sys.path, where the tuner's own `verl.py` (the
-# runner) would shadow the verl package: the probe imports only what is installed.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-
 PACKAGES = (
     "verl",
     "vllm",
@@ -35,6 +32,8 @@ PACKAGES = (
     "flash-attn",
     "flashinfer-python",
 )
+"""The packages whose versions a verl trial records: this probe's `versions` and the line the
+verl runner prints where each trial runs (tuner.runners.verl imports this tuple)."""
 IMPORTS = {
     "verl": "verl",
     "vllm": "vllm",
@@ -143,7 +142,16 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _drop_own_folder() -> None:
+    """Run by path, Python puts this folder first on sys.path, where the tuner's own `verl.py`
+    (the runner) would shadow the verl package: the probe imports only what is installed (it
+    imports nothing from here before this; verl and the rest are imported inside probe())."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+
+
 if __name__ == "__main__":
+    _drop_own_folder()
     out = probe(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})
     sys.stdout.flush()
     print("\nverl-tuner preflight: " + json.dumps(out), flush=True)

@@ -2,7 +2,9 @@
 
 `validate()` checks every rule, because candidates also come from users, reference recipes and
 resumed studies. Rules are the ones megatron-core 0.19, vLLM and verl 0.9.1 enforce, no
-stricter; each message says what to change.
+stricter; each message says what to change. This is the one copy: a runner whose backend refuses
+more adds its own `Rule`s and passes `RULES + its rules` to `broken_rules` (the megatron runner's
+`tuner.runners.megatron_refusals.MEGATRON_RULES`), never a restatement of one here.
 """
 
 from __future__ import annotations
@@ -107,10 +109,11 @@ def _lay_rules(
             lay.stage_layers(m.num_layers)
         except ValueError as e:
             r.append(("pipeline_split", f"megatron-core refuses the pipeline split: {e}"))
-    if not m.is_moe and (lay.ep > 1 or lay.etp > 1):
-        r.append(
-            ("dense_no_ep", f"ep({lay.ep}) / etp({lay.etp}) > 1 on a dense model: set both to 1")
-        )
+    # megatron-core: "num_moe_experts must be non None to use expert-parallel"
+    # (TransformerConfig.__post_init__); etp > 1 on a dense model is not refused there (nothing
+    # uses it), so it is not here
+    if not m.is_moe and lay.ep > 1:
+        r.append(("dense_no_ep", f"ep({lay.ep}) > 1 on a dense model: set it to 1"))
     if m.is_moe and m.num_experts % lay.ep:
         r.append(("ep_experts", f"ep({lay.ep}) does not divide the {m.num_experts} experts"))
     # no rule on the sequence length under cp: verl 0.9.1 pads each packed sequence to a
@@ -174,6 +177,11 @@ def _choice_rule(name: str, allowed: Sequence[Any]) -> Callable[..., list[str]]:
 
 
 def _recompute_layers_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    # megatron-core 0.19 refuses only a missing value (its message names 1..num_layers // pp);
+    # recompute.checkpointed_forward applies the value per model chunk: 0 never advances the
+    # uniform loop, and above a chunk's layers it runs as that chunk's count (uniform caps each
+    # unit at the chunk, block recomputes every layer). The bound is the smallest chunk's
+    # layers, which is never above num_layers // pp.
     if c.recompute_granularity != "full":
         return []
     lay = c.layout
@@ -347,10 +355,15 @@ RULES: tuple[Rule, ...] = (
 
 
 def broken_rules(
-    c: Candidate, model: ModelSpec, cluster: Cluster, workload: Workload
+    c: Candidate,
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
+    rules: Sequence[Rule] = RULES,
 ) -> list[tuple[str, str]]:
-    """(rule name, sentence) of every rule the candidate breaks."""
-    return [(rule.name, msg) for rule in RULES for msg in rule.check(c, model, cluster, workload)]
+    """(rule name, sentence) of every rule the candidate breaks: of `RULES`, or of a runner's
+    `RULES + its own rules`."""
+    return [(rule.name, msg) for rule in rules for msg in rule.check(c, model, cluster, workload)]
 
 
 def validate(c: Candidate, model: ModelSpec, cluster: Cluster, workload: Workload) -> list[str]:
