@@ -1,6 +1,6 @@
 """Where the megatron worker's device memory outside PyTorch's allocator comes from: the device's
 used memory (total - free) minus PyTorch's reserved memory, read after each start-up stage of
-the worker and around one real trial (estimate/memfit.py LOCAL_SPEC_OUTSIDE_GIB: 8.4-9.0 GiB
+the worker and around one real trial (estimate/device.py LOCAL_SPEC_OUTSIDE_GIB: 8.4-9.0 GiB
 measured per process, most of it unexplained). On one GPU host with the wheels installed
 (scripts/gpu_setup.sh), from the repository root:
 
