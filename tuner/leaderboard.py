@@ -95,6 +95,9 @@ FLOAT_COLUMNS = frozenset(
         "pred_device_mem_corrected_gib",
         "pred_headroom_gib",
         "pred_time_scale",
+        "pred_generation_scale",
+        "pred_old_log_prob_scale",
+        "pred_update_actor_scale",
         "prompt_mean_len",
     }
 )

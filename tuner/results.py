@@ -154,7 +154,11 @@ class TrialRecord:
     pred_tokens_per_s_per_gpu: float | None = None
     """Predicted throughput of what the runner measures (the raw cost model)."""
     pred_step_s: float | None = None
+    """The study's predicted step when proposed: its phases summed (generation, old_log_prob
+    and the update as scaled; the reference pass, weight sync and critic the cost model's)."""
     pred_generation_s: float | None = None
+    """The study's prediction when proposed: the cost model's x pred_generation_scale (so too
+    old_log_prob and update_actor; pred_ref_s is the cost model's)."""
     pred_old_log_prob_s: float | None = None
     pred_ref_s: float | None = None
     pred_update_actor_s: float | None = None
@@ -167,7 +171,17 @@ class TrialRecord:
     pred_headroom_gib: float | None = None
     """Headroom the fit decision kept free, when proposed."""
     pred_time_scale: float | None = None
-    """Measured/predicted time ratio the study had learned when this trial was proposed."""
+    """Measured/predicted time of what the runner measures (its throughput against the cost
+    model's) the study had learned when this trial was proposed: it scales the trial's time
+    limit, not the pred_*_s columns (the pred_<phase>_scale do)."""
+    pred_generation_scale: float | None = None
+    """Measured/predicted generation time the study had learned from its earlier rows that timed
+    generation, when this trial was proposed, applied to pred_generation_s (1: none yet; empty
+    in rows from before it was applied, whose pred_generation_s is the cost model's)."""
+    pred_old_log_prob_scale: float | None = None
+    """The same for old_log_prob (pred_old_log_prob_s)."""
+    pred_update_actor_scale: float | None = None
+    """The same for the actor update (pred_update_actor_s)."""
     pred_peak_phase: str = ""
     pred_fits: bool | None = None
     """Whether the candidate was predicted to fit (after the memory guard)."""

@@ -1,15 +1,18 @@
 """What a study learns from its own trials, between trials: time scales (measured/predicted),
-the memory guard (what fits), the launch cost; and from those, each trial's time limit and the
-pruner that stops a trial far slower than the best."""
+the memory guard (what fits), the launch cost; and from those, the phase times predicted for
+the next proposals, each trial's time limit and the pruner that stops a trial far slower than
+the best."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 
+from tuner.estimate import Estimate
 from tuner.fit.online import MemoryGuard, MemoryObservation, time_scales
 from tuner.results import Status, TrialRecord
 
@@ -25,12 +28,81 @@ SLOW_RATIO = 0.5
 """A trial whose measured step runs below this fraction of the best finished trial's
 throughput is stopped (PRUNED_SLOW)."""
 PHASES = ("generation", "old_log_prob", "update_actor", "step")
+SCALED_PHASES = PHASES[:-1]
+"""Phases whose predicted time a study multiplies by the scale it learned (a row's
+pred_<phase>_s, with pred_<phase>_scale); the reference pass, the weight sync (reshard) and the
+critic stay the cost model's."""
 MEASURED_SOURCES_EXCLUDED = ("", "estimate", "tuner", "reference")
 """Rows with these sources are not measurements: nothing is learned from them."""
+RUN_WORDS = {
+    "generation": ("generation", "rollout"),
+    "old_log_prob": ("old_log_prob",),
+    "update_actor": ("update",),
+}
+"""Words in a row's `extra` `measured` (what a runner that runs part of the step ran, e.g. the
+megatron runner's `old_log_prob + actor update`) that name each phase."""
 
 
 def measured(rec: TrialRecord) -> bool:
     return rec.source not in MEASURED_SOURCES_EXCLUDED and "not re-run" not in rec.reason
+
+
+def measured_phases(rec: TrialRecord) -> tuple[str, ...]:
+    """The phases of SCALED_PHASES a measured row timed: those with a time that its `extra`
+    does not call predicted. A phase's own label decides where the row has one (the megatron
+    runner's `generation=measured(vllm)` or `generation=predicted`), else the phases its
+    `measured` names where it has that (the megatron runner's `old_log_prob + actor update`:
+    generation is the cost model's there), else every phase with a time (verl rows)."""
+    if not measured(rec):
+        return ()
+    ran = str(rec.extra.get("measured", "")).strip()
+
+    def timed(ph: str) -> bool:
+        label = str(rec.extra.get(ph, "")).strip()
+        if label:
+            return label.startswith("measured")
+        return not ran or any(w in ran for w in RUN_WORDS[ph])
+
+    return tuple(ph for ph in SCALED_PHASES if getattr(rec, f"{ph}_s") is not None and timed(ph))
+
+
+def raw_prediction(rec: TrialRecord, phase: str) -> float | None:
+    """The cost model's time of `phase` for a row: its pred_<phase>_s over the scale the study
+    applied when it was proposed (none recorded: none applied)."""
+    pred = getattr(rec, f"pred_{phase}_s")
+    scale = getattr(rec, f"pred_{phase}_scale")
+    return pred / scale if pred is not None and scale else pred
+
+
+def scaled_estimate(e: Estimate, scales: dict[str, float]) -> Estimate:
+    """`e` with each phase of SCALED_PHASES times its scale (1 where absent) and the step,
+    throughput, update MFU and bottleneck that follow; memory and the other phases as they
+    were."""
+    s = {ph: scales.get(ph, 1.0) for ph in SCALED_PHASES}
+    if all(v == 1.0 for v in s.values()) or not math.isfinite(e.step_s):
+        return e
+    gen = e.generation_s * s["generation"]
+    olp = e.old_log_prob_s * s["old_log_prob"]
+    upd = e.update_actor_s * s["update_actor"]
+    step = e.step_s + (gen - e.generation_s) + (olp - e.old_log_prob_s) + (upd - e.update_actor_s)
+    # time.phase_times_of's rule, on the scaled phases
+    lp = olp + e.ref_s
+    if gen >= lp and gen >= upd and gen >= e.critic_s:
+        bottleneck = "generation"
+    elif upd >= lp and upd >= e.critic_s:
+        bottleneck = "update_actor"
+    else:
+        bottleneck = "log_prob" if lp >= e.critic_s else "critic"
+    return dataclasses.replace(
+        e,
+        generation_s=gen,
+        old_log_prob_s=olp,
+        update_actor_s=upd,
+        step_s=step,
+        throughput_tokens_per_s_per_gpu=e.throughput_tokens_per_s_per_gpu * e.step_s / step,
+        mfu=e.mfu / s["update_actor"],
+        bottleneck=bottleneck,
+    )
 
 
 @dataclass(kw_only=True)
@@ -71,8 +143,10 @@ class StudyLearner:
                     MemoryObservation(predicted_gib=pred_mem, measured_gib=seen, oom=False)
                 )
         if rec.status is Status.OK:
-            for ph in PHASES[:-1]:
-                self.pairs.append((ph, getattr(rec, f"pred_{ph}_s"), getattr(rec, f"{ph}_s")))
+            # each phase it timed against the cost model's time (not the scaled one the row
+            # shows), so a scale is the whole measured/predicted ratio, not what is left of it
+            for ph in measured_phases(rec):
+                self.pairs.append((ph, raw_prediction(rec, ph), getattr(rec, f"{ph}_s")))
             # the runner's own measure: its throughput (a time ratio is the inverse)
             if rec.pred_tokens_per_s_per_gpu and rec.tokens_per_s_per_gpu:
                 self.pairs.append(("step", rec.tokens_per_s_per_gpu, rec.pred_tokens_per_s_per_gpu))
@@ -80,8 +154,14 @@ class StudyLearner:
 
     @property
     def time_scale(self) -> float:
-        """Measured/predicted time of what the runner measures; 1 until a trial is measured."""
+        """Measured/predicted time of what the runner measures (from its throughput, against
+        the cost model's); 1 until a trial is measured."""
         return self.scales.get("step", 1.0)
+
+    @property
+    def phase_scales(self) -> dict[str, float]:
+        """Measured/predicted time of each phase of SCALED_PHASES (1 until a row timed it)."""
+        return {ph: self.scales.get(ph, 1.0) for ph in SCALED_PHASES}
 
     @property
     def launch_cost_s(self) -> float:

@@ -15,7 +15,7 @@ from tuner.estimate import Estimate
 from tuner.results import Status, TrialRecord, TrialResult
 from tuner.runners.base import Predicted, TrialSpec
 from tuner.space import Candidate, SearchSpace, sample, validate
-from tuner.study.learn import StudyLearner
+from tuner.study.learn import StudyLearner, scaled_estimate
 from tuner.study.request import TuneRequest
 from tuner.study.storage import WORKER
 
@@ -50,6 +50,12 @@ class Proposal:
 
     candidate: Candidate
     estimate: Estimate
+    """The raw cost model (the runner's TrialSpec.prediction)."""
+    scaled: Estimate
+    """The study's prediction: `estimate` with the phase times scaled by what the study learned
+    (`phase_scales`); the row's pred_*_s."""
+    phase_scales: dict[str, float]
+    """Measured/predicted time per phase the study had learned (learn.SCALED_PHASES; 1: none)."""
     predicted: Predicted
     """The runner's view of the raw model."""
     device_gib: float
@@ -71,6 +77,7 @@ def propose(req: TuneRequest, c: Candidate, learner: StudyLearner) -> Proposal:
         c, req.model, req.cluster, req.workload, req.profile, headroom_gib=req.headroom_gib
     )
     p = req.runner.predicted(e, req.cluster)
+    scales = learner.phase_scales
     dev = p.device_gib or p.peak_gib
     corrected, guard_unfit = learner.fit(dev)
     unfit = p.unfit or guard_unfit
@@ -86,6 +93,8 @@ def propose(req: TuneRequest, c: Candidate, learner: StudyLearner) -> Proposal:
     return Proposal(
         candidate=c,
         estimate=e,
+        scaled=scaled_estimate(e, scales),
+        phase_scales=scales,
         predicted=p,
         device_gib=dev,
         corrected_device_gib=corrected,
@@ -221,7 +230,7 @@ def build_record(
 ) -> TrialRecord:
     """The one record of a finished trial: setup, candidate, the prediction made when it was
     proposed (raw and corrected), and the result."""
-    e, p = prop.estimate, prop.predicted
+    e, p = prop.scaled, prop.predicted
     extra = dict(res.extra)
     launch_s = res.launch_s if res.launch_s is not None else _float(extra.get("launch_s"))
     return TrialRecord(
@@ -256,6 +265,9 @@ def build_record(
         pred_device_mem_corrected_gib=prop.corrected_device_gib,
         pred_headroom_gib=prop.headroom_gib,
         pred_time_scale=prop.time_scale,
+        pred_generation_scale=prop.phase_scales["generation"],
+        pred_old_log_prob_scale=prop.phase_scales["old_log_prob"],
+        pred_update_actor_scale=prop.phase_scales["update_actor"],
         pred_peak_phase=p.phase,
         pred_fits=not prop.unfit,
         pred_bottleneck=e.bottleneck,
