@@ -74,12 +74,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from tuner.cli_args import storage_failure_line
-    from tuner.request import build_request, build_setup, check_request_paths, verl_runner_options
+    from tuner.request import (
+        build_request,
+        build_setup,
+        check_request_paths,
+        megatron_runner_options,
+        verl_runner_options,
+    )
     from tuner.runners import make_runner
     from tuner.study import Progress, run_study
 
     setup = build_setup(args)
     options = verl_runner_options(args) if args.runner == "verl" else {}
+    if args.runner in ("megatron", "auto"):
+        options = megatron_runner_options(args)
     runner = make_runner(args.runner, **options)
     req = build_request(args, setup, runner)
     check_request_paths(req)

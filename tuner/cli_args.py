@@ -438,6 +438,12 @@ def check_runner_options(args: argparse.Namespace) -> None:
     `--ray-address` under `--runner estimate` was ignored without a word)."""
     from tuner.cli import build_parser
 
+    if args.measure_generation is not None and args.runner not in ("megatron", "auto"):
+        raise UserError(
+            f"--{'' if args.measure_generation else 'no-'}measure-generation applies to the "
+            f"megatron runner (--runner megatron or auto), not --runner {args.runner}: leave it "
+            "out (the verl runner always generates, the estimator never does)"
+        )
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     run = sub.choices["run"]
     for group in run._action_groups:

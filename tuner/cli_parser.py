@@ -189,6 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: megatron on a GPU machine, else the estimator (default auto)",
     )
     g.add_argument(
+        "--measure-generation",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the megatron runner generates each trial's rollout with vLLM (one engine kept "
+        "across trials with the same rollout settings, asleep while training runs) and ranks "
+        "by generation + training; default: where vLLM imports and --model is a config.json "
+        "path, else generation is predicted. --measure-generation without vLLM is an error",
+    )
+    g.add_argument(
         "--storage",
         default="",
         help="Optuna storage: a URL (sqlite:///, postgresql://, mysql://), a "

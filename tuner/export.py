@@ -85,7 +85,7 @@ def export_recipe(
         steps=steps,
         origin=recipes.origin_of(csv_path, row),
         settings=settings,
-        pinned=pinned_knobs(row.get("source", "")),
+        pinned=pinned_knobs(row.get("source", ""), row.get("extra", "")),
         runner=row.get("source", ""),
     )
     return recipes.write(recipe, recipes_dir / recipes._slug(model.name), suffix=f"t{row['trial']}")

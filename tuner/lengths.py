@@ -216,15 +216,24 @@ def _spread(out: list[int], order: list[int], diff: int, max_len: int) -> None:
 def step_lengths(workload: Workload, samples_prompts: int, seed: int) -> list[int]:
     """Sample lengths (prompt + response) for `samples_prompts` prompts x n responses, from the
     workload's one response-length model (above); samples of a prompt are adjacent."""
+    plens, rlens = prompt_and_response_lengths(workload, samples_prompts, seed)
+    return [plens[i // workload.n] + r for i, r in enumerate(rlens)]
+
+
+def prompt_and_response_lengths(
+    workload: Workload, prompts: int, seed: int
+) -> tuple[list[int], list[int]]:
+    """The two draws behind `step_lengths`: a length for each of `prompts` prompts, and one for
+    each of its n responses (a prompt's responses adjacent)."""
     w = workload
     plens = draw_response_lengths(
-        samples_prompts, max_len=w.prompt_len, mean_len=w.mean_prompt_len, seed=seed
+        prompts, max_len=w.prompt_len, mean_len=w.mean_prompt_len, seed=seed
     )
     rlens = draw_response_lengths(
-        samples_prompts * w.n,
+        prompts * w.n,
         max_len=w.response_len,
         mean_len=w.mean_response_len,
         seed=seed + 1_000_003,
         clip_fraction=w.clip_fraction,
     )
-    return [plens[i // w.n] + r for i, r in enumerate(rlens)]
+    return plens, rlens

@@ -143,21 +143,26 @@ def render(
 
 def pinned_lines(c: Candidate, pinned: Sequence[tuple[str, Any]], runner: str) -> list[str]:
     """The recipe's comment block on what its row did not measure: each pinned knob with the
-    value the script sets (the candidate's, else the pin), and that generation was not run."""
+    value the script sets (the candidate's, else the pin), and whether generation was run (it
+    was where the pins leave rollout_tp free: tuner.runners.megatron_generation)."""
     if not pinned:
         return []
     who = f"--runner {runner}" if runner else "the row's runner"
+    generated = "rollout_tp" not in {name for name, _ in pinned}
+    ran = "measured generation with vLLM but" if generated else "ran no generation (vLLM) and"
     lines = [
-        f"# NOT MEASURED: {who} ran no generation (vLLM) and pinned these knobs instead of",
+        f"# NOT MEASURED: {who} {ran} pinned these knobs instead of",
         "# searching them; the values below are what this script sets, not a measured choice",
         "# (confirm them with --runner verl):",
     ]
     for name, pin in pinned:
         value = getattr(c, name, pin)
         lines.append(f"#   {name}={value}  (pinned, not measured)")
-    lines.append(
-        "# generation was not measured: the row's generation time is the cost model's prediction"
-    )
+    if not generated:
+        lines.append(
+            "# generation was not measured: the row's generation time is the cost model's "
+            "prediction"
+        )
     return lines
 
 

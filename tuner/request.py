@@ -71,6 +71,11 @@ def verl_runner_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def megatron_runner_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The megatron runner's options (also for `--runner auto`, which may choose it)."""
+    return {"generation": args.measure_generation, "model_config": args.model}
+
+
 def _has_field(cls: type, name: str) -> bool:
     return any(f.name == name for f in dataclasses.fields(cls))
 

@@ -34,14 +34,18 @@ def gpu_available() -> bool:
     return out.returncode == 0 and "GPU" in out.stdout
 
 
-def pinned_knobs(source: str) -> tuple[tuple[str, Any], ...]:
+def pinned_knobs(source: str, extra: object = "") -> tuple[tuple[str, Any], ...]:
     """The knobs a row of `source` (its runner) did not measure but pinned, as (name, pin):
-    the megatron runner's generation and kernel knobs (megatron.MEGATRON_PINNED); none for the
-    others (the verl runner runs every knob; the estimator measures nothing, as its rows say)."""
+    the megatron runner's generation and kernel knobs (megatron.MEGATRON_PINNED), less the
+    rollout knobs where its `extra` says `generation=measured(vllm)` (megatron_generation);
+    none for the others (the verl runner runs every knob; the estimator measures nothing, as
+    its rows say)."""
     if source == "megatron":
         from tuner.runners.megatron import MEGATRON_PINNED
+        from tuner.runners.megatron_generation import MEASURED, measured_pins
 
-        return MEGATRON_PINNED
+        text = ";".join(f"{k}={v}" for k, v in extra.items()) if isinstance(extra, dict) else extra
+        return measured_pins(MEGATRON_PINNED) if MEASURED in str(text) else MEGATRON_PINNED
     return ()
 
 
@@ -49,6 +53,11 @@ def make_runner(name: str, **options: object) -> Runner:
     """The runner called `name`; `auto` means megatron where there is a GPU, else estimate."""
     if name == "auto":
         name = "megatron" if gpu_available() else "estimate"
+        if name == "estimate" and options.get("generation"):
+            raise UserError(
+                "--measure-generation needs a GPU: --runner auto found none and would use the "
+                "estimator; run on a GPU host or leave --measure-generation out"
+            )
     if name == "estimate":
         return EstimateRunner()
     if name == "megatron":

@@ -3,11 +3,10 @@ the actor update) on this node's GPUs with megatron-core, through the torchrun w
 `tuner.runners.megatron_worker`.
 
 One trial, in order (each step a plain function of the previous one's output):
-  1. the spec: `worker_spec()` turns the candidate, model, cluster and workload into the
-     worker's schema-2 JSON (the step's sample lengths drawn from the workload's response-length
-     model, `tuner.lengths`, with the trial's seed), written to trials/<n>/spec.json; the rules
-     (the shared ones and the worker's own: megatron_refusals) and the batch plans of both
-     phases are checked here first, so a refused candidate costs no launch;
+  1. the spec: `worker_spec()` turns the candidate, model and workload into the worker's
+     schema-2 JSON (the step's sample lengths drawn from the workload's response-length model,
+     `tuner.lengths`, with the trial's seed), written to trials/<n>/spec.json; the batch plans
+     of both phases are checked here first, so a refused plan costs no launch;
   2. the launch: by default a pool (`megatron_pool.WorkerPool`: one torchrun kept up across
      trials, the trial handed over as a request file); `pool=False` launches
      `torchrun --standalone --nproc-per-node <gpus> -m tuner.runners.megatron_worker` per trial;
@@ -23,9 +22,12 @@ step's), both scaled from the mini-batches that ran to the whole step (see `mini
 they mean what the cost model's and verl's phases mean; the times of the mini-batches run are in
 `extra` (`old_log_prob_s_run`, `update_s_run`); `mfu_update_pct` is the update's model FLOPs
 (ModelSpec.training_flops of the samples run) over its measured time x GPUs x the GPU's bf16 peak;
-`generation_s` and `step_s` are left empty (generation is not run here: the study writes the
-cost model's generation in its pred_ columns); `tokens_per_s_per_gpu` = tokens of the step run /
-(old_log_prob_s + update_actor_s of the mini-batches run) / GPUs; memory three ways, max over
+`step_s` is left empty; `generation_s` too where generation is predicted (extra
+`generation=predicted`: the study writes the cost model's in its pred_ columns), else it is
+measured by a vLLM engine before the training phases (`megatron_generation`, extra
+`generation=measured(vllm)`); `tokens_per_s_per_gpu` = tokens of the step run /
+(old_log_prob_s + update_actor_s of the mini-batches run) / GPUs, with the measured generation
+added to the time where there is one (`megatron_generation.finish`); memory three ways, max over
 GPUs: `peak_mem_gib` (allocated), `peak_mem_reserved_gib`, `peak_mem_device_gib` (device used,
 what an OOM is decided on); `launch_s` (hand-over to the first measured step: start-up in the
 one-shot mode, model build and warm-up step always) and `measured_s` (wall in measured steps).
@@ -50,6 +52,7 @@ from tuner.lengths import step_lengths
 from tuner.models import ModelSpec
 from tuner.results import OLD_LOG_PROB_RUN, Status, TrialResult
 from tuner.runners.base import Predicted, Runner, TrialSpec, memory_view
+from tuner.runners.megatron_generation import GenerationPhase, finish, with_generation
 from tuner.runners.megatron_pool import PoolOutcome, WorkerPool
 from tuner.runners.megatron_refusals import megatron_refusals, unbuilt_recompute_modules
 from tuner.runners.megatron_worker import SCHEMA, WorkerSpec, parse_result
@@ -117,7 +120,6 @@ OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 def worker_spec(
     candidate: Candidate,
     model: ModelSpec,
-    cluster: Cluster,
     workload: Workload,
     *,
     seed: int = 0,
@@ -127,15 +129,22 @@ def worker_spec(
     min_measured_s: float = 0.0,
     max_steps: int = 0,
 ) -> dict[str, Any]:
-    """The worker's schema-2 spec for one trial; raises ValueError if verl, megatron-core or
-    the worker would refuse it (megatron_refusals: the shared rules and the worker's own; then
-    the batch plans of both phases)."""
+    """The worker's schema-2 spec for one trial; raises ValueError if megatron-core or verl
+    would refuse it (megatron_refusals, token budgets, the batch plans of both phases)."""
     total = workload.mini_batches_per_step
     run = total if mini_batches <= 0 else min(mini_batches, total)
     c, lay = candidate, candidate.layout
-    problems = megatron_refusals(c, model, cluster, workload)
+    problems = megatron_refusals(c, model)
     if problems:
-        raise ValueError("refused before a launch: " + "; ".join(problems))
+        raise ValueError("megatron-core refuses it: " + "; ".join(problems))
+    if c.use_dynamic_bsz:
+        for name in ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
+            budget = getattr(c, name) or c.ppo_max_token_len_per_gpu
+            if budget * lay.cp < workload.max_seq_len:
+                raise ValueError(
+                    f"{name} ({budget}) x cp ({lay.cp}) is below prompt + response "
+                    f"({workload.max_seq_len}): verl refuses it"
+                )
     lengths = step_lengths(workload, run * workload.mini_batch_size, seed)
     spec = {
         "schema": SCHEMA,
@@ -201,6 +210,8 @@ class MegatronRunner(Runner):
         pool_dir: Path | None = None,
         launch: Launch | None = None,
         env: dict[str, str] | None = None,
+        generation: bool | None = None,
+        model_config: str | None = None,
     ) -> None:
         self.python = python or sys.executable
         self.mini_batches = mini_batches
@@ -213,6 +224,11 @@ class MegatronRunner(Runner):
         self._launch = launch or run_process
         self.env = dict(env or {})
         self._pool: WorkerPool | None = None
+        # generation with vLLM (megatron_generation): None measures it where vLLM imports and
+        # `model_config` (--model) is a config.json; True demands it; False never
+        self.generation = GenerationPhase(
+            mode=generation, model_config=model_config, python=self.python, env=self._gen_env
+        )
 
     def measured_window_s(self, step_s: float) -> float:
         """How long the measured steps of a trial whose steps take `step_s` last, by the
@@ -236,11 +252,12 @@ class MegatronRunner(Runner):
         te = importlib.util.find_spec("transformer_engine") is not None
         # the dense sets hold no MoE module: left unnamed there, so the fingerprint is unchanged
         refused = unbuilt_recompute_modules(model) if model.is_moe else ()
+        why = "" if te else "no transformer-engine here: no context or sequence parallel"
         return SpaceLimits(
             context_parallel=te,
             sequence_parallel=te,
-            pinned=MEGATRON_PINNED,
-            why="" if te else "no transformer-engine here: no context or sequence parallel",
+            pinned=self.generation.pins(MEGATRON_PINNED),
+            why="; ".join(x for x in (why, self.generation.decide()[1]) if x),
             recompute_modules_refused=refused,
         )
 
@@ -257,13 +274,14 @@ class MegatronRunner(Runner):
             headroom_gib=headroom_gib,
         )
         t = (pred.update_actor_s or 0.0) + (getattr(pred, "old_log_prob_s", 0.0) or 0.0)
-        return Predicted(
+        p = Predicted(
             tokens_per_s_per_gpu=pred.tokens_per_step / t / cluster.num_gpus if t else 0.0,
             peak_gib=peak,
             phase=phase,
             device_gib=device,
             unfit=unfit,
         )
+        return with_generation(p, pred, cluster, headroom_gib) if self.generation.on else p
 
     def check_available(self, cluster: Cluster) -> None:
         if cluster.num_nodes > 1:
@@ -271,6 +289,7 @@ class MegatronRunner(Runner):
                 f"--runner megatron measures on one node; {cluster.num_gpus} GPUs span "
                 f"{cluster.num_nodes} nodes: use --runner verl for several nodes"
             )
+        self.generation.check_available()
         if importlib.util.find_spec("megatron") is None:
             raise UserError(
                 "--runner megatron needs megatron-core (Python >= 3.12 and a CUDA torch): "
@@ -303,12 +322,16 @@ class MegatronRunner(Runner):
         pythonpath = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         return {**WORKER_ENV, "PYTHONPATH": pythonpath, **self.env}
 
+    def _gen_env(self) -> dict[str, str]:
+        """The vLLM worker's: the NCCL settings, not the training allocator's or launch order."""
+        skip = ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS")
+        return {k: v for k, v in self._env().items() if k not in skip or k in self.env}
+
     def run(self, spec: TrialSpec) -> TrialResult:
         try:
             wspec = worker_spec(
                 spec.candidate,
                 spec.model,
-                spec.cluster,
                 spec.workload,
                 seed=spec.seed,
                 mini_batches=self.mini_batches,
@@ -330,7 +353,13 @@ class MegatronRunner(Runner):
         for p in paths.values():
             p.unlink(missing_ok=True)
         (d / SPEC_NAME).write_text(json.dumps(wspec) + "\n")
-        watch = ProgressWatch(paths[PROGRESS_NAME], spec.cluster.num_gpus, spec.should_stop)
+        gen = self.generation.run(spec, d) if self.generation.on else None  # before training
+        if gen is not None and gen.row is not None:
+            return gen.row
+        g_s = (gen.result.generation_s or 0.0) if gen is not None and gen.result else 0.0
+        lens = wspec["lengths"]  # early stop is told what the row's objective will say
+        g_run = g_s * lens["mini_batches_run"] / lens["mini_batches_per_step"]
+        watch = ProgressWatch(paths[PROGRESS_NAME], spec.cluster.num_gpus, spec.should_stop, g_run)
         if self.use_pool:
             out = self._run_pool(spec, d, paths, watch)
         else:
@@ -342,7 +371,7 @@ class MegatronRunner(Runner):
                 cwd=d,
                 poll=watch.poll if spec.should_stop else None,
             )
-        return to_trial_result(out, paths[RESULT_NAME], wspec, spec, watch)
+        return finish(to_trial_result(out, paths[RESULT_NAME], wspec, spec, watch), gen)
 
     def _run_pool(
         self, spec: TrialSpec, d: Path, paths: dict[str, Path], watch: ProgressWatch
@@ -375,7 +404,8 @@ class MegatronRunner(Runner):
         )
 
     def close(self) -> None:
-        """End the worker pool (the study calls this at its end)."""
+        """End the worker pools (the study calls this at its end)."""
+        self.generation.close()
         if self._pool is not None:
             self._pool.close()
             self._pool = None

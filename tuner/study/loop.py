@@ -385,7 +385,7 @@ def write_best_recipes(req: TuneRequest, s: _Study) -> list[Path]:
             req.workload,
             origin=recipes.origin_of(req.csv_path, row),
             settings=VerlSettings.from_record(row),
-            pinned=pinned_knobs(row["source"]),
+            pinned=pinned_knobs(row["source"], row.get("extra", "")),
             runner=row["source"],
         )
         path = recipes.write(

@@ -42,8 +42,11 @@ class Progress:
     old_log_prob_s: float = 0.0
     update_actor_s: float = 0.0
 
-    def tokens_per_s_per_gpu(self, world: int) -> float:
-        return self.tokens / self.seconds / world if self.seconds > 0 else 0.0
+    def tokens_per_s_per_gpu(self, world: int, extra_s: float = 0.0) -> float:
+        """Over the step's seconds plus `extra_s` (a phase measured outside the worker, e.g.
+        the generation before it, in the same mini-batch scale)."""
+        t = self.seconds + extra_s
+        return self.tokens / t / world if t > 0 else 0.0
 
 
 LEAVING = "leaving"
@@ -94,9 +97,16 @@ class ProgressWatch:
     """The runner's side of early stop: feeds each new progress line to `should_stop`."""
 
     def __init__(
-        self, path: Path, world: int, should_stop: Callable[[int, float], bool] | None
+        self,
+        path: Path,
+        world: int,
+        should_stop: Callable[[int, float], bool] | None,
+        extra_s: float = 0.0,
     ) -> None:
         self.path, self.world, self.should_stop = path, world, should_stop
+        self.extra_s = extra_s
+        """Seconds added to each step's (Progress.tokens_per_s_per_gpu), so what `should_stop`
+        is told means what the row's objective means."""
         self.seen: list[Progress] = []
         self.stopped_at: int | None = None
 
@@ -108,7 +118,7 @@ class ProgressWatch:
         for p in lines[len(self.seen) :]:
             self.seen.append(p)
             if self.should_stop is not None and self.should_stop(
-                p.step, p.tokens_per_s_per_gpu(self.world)
+                p.step, p.tokens_per_s_per_gpu(self.world, self.extra_s)
             ):
                 self.stopped_at = p.step
                 return True
