@@ -137,3 +137,50 @@ def test_the_verl_example_is_launched_even_where_predicted_not_to_fit(workdir: P
     assert row["origin"].startswith("hand: verl example")
     assert row["status"] == "oom" and row["source"] == "estimate"
     assert row["pred_fits"] == "False"
+
+
+VERL_CSV = ROOT / "results" / "verl4k-h100-x1.csv"
+VERL_ARGS = [
+    "--model", str(ROOT / "scripts" / "models" / "qwen3-1.7b" / "config.json"),
+    "--gpus", "1", "--gpus-per-node", "1", "--gpu", "h100", "--workload", "dapo-math",
+    "--prompt-len", "256", "--prompt-mean", "256", "--response-len", "4096",
+    "--response-mean", "4096", "--batch", "8", "--n", "4", "--mini-batch", "4",
+]  # fmt: skip
+
+
+def test_candidates_from_a_verl_leaderboard_are_measured_first(tmp_path: Path) -> None:
+    """The fast runner against real verl: a study measures the ok rows' configurations of the
+    committed verl leaderboard first, each the row's knobs (here through the estimator)."""
+    from tuner.cli import main
+    from tuner.space import Candidate
+
+    rc = main(
+        ["run", *VERL_ARGS, "--runner", "estimate", "--candidates-from", str(VERL_CSV),
+         "--no-warm-start", "--trials", "4", "--results-dir", str(tmp_path),
+         "--recipes-dir", str(tmp_path / "r"), "--study", "cf", "--no-progress"]
+    )  # fmt: skip
+    assert rc == 0
+    verl_ok = {r["trial"]: r for r in read_raw(VERL_CSV) if r["status"] == "ok"}
+    rows = read_raw(tmp_path / "cf.csv")
+    firsts = {r["origin"]: r for r in rows[: len(verl_ok)]}
+    assert set(firsts) == {f"from verl4k-h100-x1.csv trial {t}" for t in verl_ok}
+    for t, vr in verl_ok.items():
+        got = Candidate.from_record(firsts[f"from verl4k-h100-x1.csv trial {t}"], 1)
+        assert got == Candidate.from_record(vr, 1), t
+
+
+def test_candidates_from_another_workload_is_one_line_and_nothing_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tuner.cli import main
+
+    args = [a if a != "4096" else "2048" for a in VERL_ARGS]
+    out = tmp_path / "res"
+    rc = main(
+        ["run", *args, "--runner", "estimate", "--candidates-from", str(VERL_CSV),
+         "--results-dir", str(out), "--no-progress"]
+    )  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert "another workload" in err[0] and "max_response_len 4096 (here 2048)" in err[0]
+    assert not out.exists()

@@ -151,6 +151,10 @@ def refuse_if_nothing_fits(req: Any, limits: Any) -> None:
 
     space = SearchSpace(model=req.model, cluster=req.cluster, workload=req.workload, limits=limits)
     space.check_nonempty()
+    if getattr(req, "candidates_from", None) is not None:
+        from tuner.study.grid import candidates_from_params
+
+        candidates_from_params(req.candidates_from, space)  # its refusals, before any write
     why = nothing_fits_why(
         space, req.profile, req.runner, seed=req.seed, headroom_gib=req.headroom_gib
     )

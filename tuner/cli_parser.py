@@ -230,6 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="also measure verl's own Megatron GRPO example (examples/grpo_trainer/"
         "run_qwen2-7b_math_megatron.sh) scaled to --gpus, first (origin=hand: verl example)",
     )
+    g.add_argument(
+        "--candidates-from",
+        type=path_text,
+        default=None,
+        metavar="CSV",
+        help="also measure the ok rows' configurations of another leaderboard of the same model, "
+        "GPUs and workload, first (origin=from <csv> trial <n>): e.g. the megatron runner on "
+        "the candidates real verl measured, to compare the phases",
+    )
     g.add_argument("--results-dir", type=path_text, default=Path("results"))
     g.add_argument("--recipes-dir", type=path_text, default=Path("recipes"))
     g.add_argument(

@@ -109,6 +109,7 @@ def build_request(args: argparse.Namespace, setup: Setup, runner: Any) -> Any:
         warm_start=not args.no_warm_start,
         hand_grid=args.hand_grid,
         verl_example=getattr(args, "verl_example", False),
+        candidates_from=getattr(args, "candidates_from", None),
         profile=load_profile(args.profile),
         **extra,
     )

@@ -11,6 +11,7 @@ end as `pruned-oom-predicted` rows without a launch, like any other candidate.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from tuner.space import (
@@ -128,3 +129,59 @@ def verl_example_params(space: SearchSpace) -> list[tuple[dict[str, Any], str]]:
     """The example as (sampler params, origin) for Optuna's enqueue_trial, or nothing."""
     got = verl_example(space)
     return [(params_for(got[0], space), got[1])] if got else []
+
+
+CANDIDATES_FROM_ORIGIN = "from"
+"""Origin of a candidate taken from another leaderboard: `from <csv> trial <n>`."""
+SAME_WORKLOAD = ("max_prompt_len", "max_response_len", "bs", "n", "mini_bs", "num_gpus")
+"""Columns a row must share with the study for its candidate to mean the same configuration."""
+
+
+def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dict[str, Any], str]]:
+    """The ok rows of another leaderboard (e.g. real verl's) as (sampler params, origin), so this
+    study measures the same candidates with its own runner (issue 17: the fast runner against
+    verl). Rows of another model, GPU count or workload are refused: one line, exit 2."""
+    from tuner.errors import UserError
+    from tuner.results import read_raw
+
+    rows = [r for r in read_raw(csv_path) if r.get("status") == "ok"]
+    if not rows:
+        raise UserError(f"--candidates-from {csv_path}: no ok row to take candidates from")
+    w, cl = space.workload, space.cluster
+    want = {
+        "max_prompt_len": w.prompt_len,
+        "max_response_len": w.response_len,
+        "bs": w.batch_size,
+        "n": w.n,
+        "mini_bs": w.mini_batch_size,
+        "num_gpus": cl.num_gpus,
+    }
+    out: list[tuple[dict[str, Any], str]] = []
+    for r in rows:
+        diff = [
+            f"{k} {r.get(k)} (here {want[k]})" for k in SAME_WORKLOAD if _int(r.get(k)) != want[k]
+        ]
+        if diff:
+            raise UserError(
+                f"--candidates-from {csv_path}: trial {r.get('trial')} ran another workload or "
+                f"GPU count ({', '.join(diff)}): give this study's --prompt-len/--response-len/"
+                "--batch/--n/--mini-batch/--gpus as that study's"
+            )
+        try:
+            c = Candidate.from_record(r, cl.num_gpus)
+        except (KeyError, ValueError) as e:
+            raise UserError(
+                f"--candidates-from {csv_path}: trial {r.get('trial')} is incomplete "
+                f"({type(e).__name__}: {e})"
+            ) from None
+        out.append(
+            (params_for(c, space), f"{CANDIDATES_FROM_ORIGIN} {csv_path.name} trial {r['trial']}")
+        )
+    return out
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(float(v))
+    except (TypeError, ValueError):
+        return None

@@ -20,7 +20,7 @@ from tuner.errors import UserError
 from tuner.results import Status, TrialRecord, rank, row_of
 from tuner.runners import pinned_knobs
 from tuner.space import Candidate, SearchSpace, sample
-from tuner.study.grid import hand_grid_params, verl_example_params
+from tuner.study.grid import candidates_from_params, hand_grid_params, verl_example_params
 from tuner.study.learn import SlowerThanBestPruner, StudyLearner, should_stop_for
 from tuner.study.objective import (
     NOT_COPIED,
@@ -153,11 +153,13 @@ class _Study:
         with self.lock() as locked_:
             reclaim_interrupted(self.study, locked_)
             if (
-                (req.warm_start or req.hand_grid or req.verl_example)
+                (req.warm_start or req.hand_grid or req.verl_example or req.candidates_from)
                 and not self.study.user_attrs.get(WARM_START_ATTR)
                 and not self.study.get_trials(deepcopy=False)
             ):
                 params = verl_example_params(self.space) if req.verl_example else []
+                if req.candidates_from is not None:
+                    params += candidates_from_params(req.candidates_from, self.space)
                 params += hand_grid_params(self.space) if req.hand_grid else []
                 if req.warm_start:
                     params += warm_start_params(

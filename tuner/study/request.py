@@ -51,6 +51,9 @@ class TuneRequest:
     verl_example: bool = False
     """Measure verl's own Megatron example (study.grid.VERL_EXAMPLE) scaled to the GPUs first,
     with `origin=hand: verl example`: the configuration a verl user writes by hand."""
+    candidates_from: Path | None = None
+    """Another leaderboard whose ok rows' candidates this study measures first (origin `from
+    <csv> trial <n>`): the same configurations through this study's runner."""
     profile: Profile = field(default_factory=Profile)
 
     def __post_init__(self) -> None:
