@@ -330,6 +330,16 @@ def _logits_slope(ctx: Context, tp: int, fused: bool, bytes_per_logit: int) -> f
 # --------------------------------------------------------------------------------------------
 
 
+def bottleneck_of(generation_s: float, log_prob_s: float, update_s: float, critic_s: float) -> str:
+    """The step's longest phase (log_prob: old log-probs and the reference pass together); ties
+    go to the earlier phase of the step."""
+    if generation_s >= log_prob_s and generation_s >= update_s and generation_s >= critic_s:
+        return "generation"
+    if update_s >= log_prob_s and update_s >= critic_s:
+        return "update_actor"
+    return "log_prob" if log_prob_s >= critic_s else "critic"
+
+
 def phase_times_of(ctx: Context, c: Candidate, verl_logits: str = DEFAULT_VERL) -> PhaseTimes:
     """Seconds of each phase for candidate `c` (the per-candidate hot path); `verl_logits`: the
     verl release whose full-logits passes are counted (estimate/logits.py)."""
@@ -477,15 +487,7 @@ def phase_times_of(ctx: Context, c: Candidate, verl_logits: str = DEFAULT_VERL) 
     gen += ctx.batch_bytes_generation * ship
 
     flops = ctx.tokens_step * ctx.forward_flops_per_token() * 3
-    lp_total = log_prob + ref
-    if gen >= lp_total and gen >= update and gen >= critic:
-        bottleneck = "generation"
-    elif update >= lp_total and update >= critic:
-        bottleneck = "update_actor"
-    elif lp_total >= critic:
-        bottleneck = "log_prob"
-    else:
-        bottleneck = "critic"
+    bottleneck = bottleneck_of(gen, log_prob + ref, update, critic)
     offload = upd_offload + lp_offload * (2 if ctx.uses_ref else 1)
     return PhaseTimes(
         generation_s=gen,

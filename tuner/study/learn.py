@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 
 from tuner.estimate import Estimate
+from tuner.estimate.time import bottleneck_of
 from tuner.fit.online import MemoryGuard, MemoryObservation, time_scales
 from tuner.results import Status, TrialRecord
 
@@ -85,14 +86,7 @@ def scaled_estimate(e: Estimate, scales: dict[str, float]) -> Estimate:
     olp = e.old_log_prob_s * s["old_log_prob"]
     upd = e.update_actor_s * s["update_actor"]
     step = e.step_s + (gen - e.generation_s) + (olp - e.old_log_prob_s) + (upd - e.update_actor_s)
-    # time.phase_times_of's rule, on the scaled phases
-    lp = olp + e.ref_s
-    if gen >= lp and gen >= upd and gen >= e.critic_s:
-        bottleneck = "generation"
-    elif upd >= lp and upd >= e.critic_s:
-        bottleneck = "update_actor"
-    else:
-        bottleneck = "log_prob" if lp >= e.critic_s else "critic"
+    bottleneck = bottleneck_of(gen, olp + e.ref_s, upd, e.critic_s)
     return dataclasses.replace(
         e,
         generation_s=gen,
