@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import UserError
-from tuner.results import Status, _normalize_reference, is_reference, upgrade_row
+from tuner.results import Status, is_reference, normalize_reference, upgrade_row
 
 PathLike = str | Path
 
@@ -236,7 +236,7 @@ def _one_file(path: Path) -> pd.DataFrame:
     if is_reference(header):
         raw = _strings(path)
         raw.columns = header
-        records = [_normalize_reference(r, path) for r in raw.to_dict("records")]
+        records = [normalize_reference(r, path) for r in raw.to_dict("records")]
         df = pd.DataFrame.from_records(records) if records else pd.DataFrame(columns=["status"])
         df = df.fillna("").astype(str)
         df = pd.DataFrame({c: _typed(df[c], c) for c in df.columns}, index=df.index)

@@ -1,0 +1,75 @@
+"""Trial results and the CSV leaderboard; the names of the modules below, re-exported once.
+
+- `result`: what a runner reports for one trial (`Status`, `TrialResult`).
+- `record`: the typed row (`TrialRecord`), its CSV columns and text form, older schemas read in
+  the current one's meaning (`upgrade_row`).
+- `files`: the CSV files: atomic upserts under a lock, reading ours and the reference CSVs.
+- `table`: ranking rows and the text table (shared with `tune show`, tuner.leaderboard).
+"""
+
+from tuner.results.files import (
+    csv_text,
+    is_reference,
+    locked,
+    normalize_reference,
+    read_raw,
+    read_rows,
+    upsert_row,
+)
+from tuner.results.record import (
+    BOTH_PHASES_MFU,
+    COLUMNS,
+    MEASURE_COLUMNS,
+    NUMERIC,
+    OLD_LOG_PROB_RUN,
+    PRED_COLUMNS,
+    READ_VERSIONS,
+    SCHEMA_VERSION,
+    TrialRecord,
+    _fmt,
+    number,
+    row_of,
+    upgrade_row,
+)
+from tuner.results.result import Status, TrialResult
+from tuner.results.table import (
+    HIGHER_IS_BETTER,
+    SHORT_NAMES,
+    SHOW_COLUMNS,
+    format_table,
+    number_text,
+    rank,
+    text_table,
+)
+
+__all__ = [
+    "BOTH_PHASES_MFU",
+    "COLUMNS",
+    "HIGHER_IS_BETTER",
+    "MEASURE_COLUMNS",
+    "NUMERIC",
+    "OLD_LOG_PROB_RUN",
+    "PRED_COLUMNS",
+    "READ_VERSIONS",
+    "SCHEMA_VERSION",
+    "SHORT_NAMES",
+    "SHOW_COLUMNS",
+    "Status",
+    "TrialRecord",
+    "TrialResult",
+    "_fmt",
+    "csv_text",
+    "format_table",
+    "is_reference",
+    "locked",
+    "normalize_reference",
+    "number",
+    "number_text",
+    "rank",
+    "read_raw",
+    "read_rows",
+    "row_of",
+    "text_table",
+    "upgrade_row",
+    "upsert_row",
+]
