@@ -1,0 +1,122 @@
+"""Filtering and ranking a loaded leaderboard, and each row's throughput against the best
+reference row of the same model on the same GPUs."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from tuner.errors import UserError
+from tuner.leaderboard.columns import column_name
+from tuner.results import HIGHER_IS_BETTER
+
+_GPU_FILTER = re.compile(r"^([a-z0-9]+?)(?:x(\d+))?$")
+
+
+def select(
+    df: pd.DataFrame,
+    *,
+    gpu: str | None = None,
+    model: str | None = None,
+    status: str | None = None,
+    source: str | None = None,
+) -> pd.DataFrame:
+    """Rows matching every filter given: `gpu` a kind (`h200`) or kind and count (`h200x2`);
+    `model` a case-insensitive part of the model column; `status` and `source` exact values,
+    several comma-separated. Unknown status values are a UserError."""
+    keep = pd.Series(True, index=df.index)
+    if gpu:
+        m = _GPU_FILTER.match(gpu.strip().lower())
+        if not m:
+            raise UserError(f"--gpu {gpu!r}: write a GPU kind (h200) or kind and count (h200x2)")
+        keep &= df["gpu"] == m.group(1)
+        if m.group(2):
+            keep &= df["num_gpus"] == int(m.group(2))
+    if model:
+        keep &= df["model"].str.lower().str.contains(model.strip().lower(), regex=False)
+    if status:
+        wanted = [s.strip() for s in status.split(",") if s.strip()]
+        known = list(df["status"].cat.categories)
+        bad = [s for s in wanted if s not in known]
+        if bad:
+            raise UserError(f"--status {','.join(bad)}: use one of {', '.join(known)}")
+        keep &= df["status"].isin(wanted)
+    if source:
+        wanted = [s.strip() for s in source.split(",") if s.strip()]
+        keep &= df["source"].isin(wanted)
+    return df[keep.fillna(False).astype(bool)]
+
+
+def _same_setup(df: pd.DataFrame) -> pd.Series:
+    """What a row is compared within: the model (its reference family) and the GPU kind and
+    count."""
+    model = df["model_family"].where(df["model_family"] != "", df["model"].str.lower())
+    return model + "|" + df["gpu"] + "|" + df["num_gpus"].astype(str)
+
+
+def best_reference(df: pd.DataFrame) -> pd.DataFrame:
+    """Per model and GPU kind and count: the best ok reference row (a published row, or a
+    reference layout run in the study) with a throughput. Columns: model_family, gpu,
+    num_gpus, ref_tokens_per_s_per_gpu, ref_label (file, trial and origin), ref_index."""
+    cols = ["model_family", "gpu", "num_gpus", "ref_tokens_per_s_per_gpu", "ref_label"]
+    refs = df[df["is_reference"] & (df["status"] == "ok") & df["tokens_per_s_per_gpu"].notna()]
+    if refs.empty:
+        return pd.DataFrame(columns=[*cols, "ref_index", "key"])
+    key = _same_setup(refs)
+    best = refs.loc[refs["tokens_per_s_per_gpu"].groupby(key).idxmax()]
+    label = best["file"] + " trial " + best["trial"].astype(str)
+    label = label.where(best["origin"] == "", label + " (" + best["origin"] + ")")
+    return pd.DataFrame(
+        {
+            "model_family": best["model_family"],
+            "gpu": best["gpu"],
+            "num_gpus": best["num_gpus"],
+            "ref_tokens_per_s_per_gpu": best["tokens_per_s_per_gpu"],
+            "ref_label": label,
+            "ref_index": best.index,
+            "key": _same_setup(best),
+        }
+    ).reset_index(drop=True)
+
+
+def with_reference_ratio(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with `vs_ref`: each row's throughput over the best ok reference row's for the same
+    model on the same GPU kind and count (NaN where there is none)."""
+    best = best_reference(df)
+    out = df.copy()
+    ref = _same_setup(out).map(
+        dict(zip(best["key"], best["ref_tokens_per_s_per_gpu"], strict=True))
+    )
+    out["vs_ref"] = (out["tokens_per_s_per_gpu"] / ref.astype("float64")).astype("float64")
+    return out
+
+
+def default_sort(df: pd.DataFrame) -> str:
+    """Throughput where any row has it, else step time (some reference CSVs)."""
+    if df["tokens_per_s_per_gpu"].notna().any() or df["step_s"].isna().all():
+        return "tokens_per_s_per_gpu"
+    return "step_s"
+
+
+def rank(
+    df: pd.DataFrame,
+    *,
+    sort: str | None = None,
+    ascending: bool | None = None,
+    top: int | None = None,
+) -> pd.DataFrame:
+    """Rows sorted by `sort` (default: the fastest first), rows without the value last, ties
+    by trial; the first `top`."""
+    col = column_name(sort, df, "--sort") if sort else default_sort(df)
+    asc = ascending if ascending is not None else col not in HIGHER_IS_BETTER
+    keys, order = [col], [asc]
+    if col != "trial" and "trial" in df.columns:
+        keys.append("trial")
+        order.append(True)
+    out = df.sort_values(keys, ascending=order, na_position="last", kind="stable")
+    if top is not None:
+        if top < 1:
+            raise UserError(f"--top must be at least 1, got {top}")
+        out = out.head(top)
+    return out
