@@ -3,10 +3,11 @@ the actor update) on this node's GPUs with megatron-core, through the torchrun w
 `tuner.runners.megatron_worker`.
 
 One trial, in order (each step a plain function of the previous one's output):
-  1. the spec: `worker_spec()` turns the candidate, model and workload into the worker's
-     schema-2 JSON (the step's sample lengths drawn from the workload's response-length model,
-     `tuner.lengths`, with the trial's seed), written to trials/<n>/spec.json; the batch plans
-     of both phases are checked here first, so a refused plan costs no launch;
+  1. the spec: `worker_spec()` turns the candidate, model, cluster and workload into the
+     worker's schema-2 JSON (the step's sample lengths drawn from the workload's response-length
+     model, `tuner.lengths`, with the trial's seed), written to trials/<n>/spec.json; the rules
+     (the shared ones and the worker's own: megatron_refusals) and the batch plans of both
+     phases are checked here first, so a refused candidate costs no launch;
   2. the launch: by default a pool (`megatron_pool.WorkerPool`: one torchrun kept up across
      trials, the trial handed over as a request file); `pool=False` launches
      `torchrun --standalone --nproc-per-node <gpus> -m tuner.runners.megatron_worker` per trial;
@@ -120,6 +121,7 @@ OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 def worker_spec(
     candidate: Candidate,
     model: ModelSpec,
+    cluster: Cluster,
     workload: Workload,
     *,
     seed: int = 0,
@@ -129,22 +131,15 @@ def worker_spec(
     min_measured_s: float = 0.0,
     max_steps: int = 0,
 ) -> dict[str, Any]:
-    """The worker's schema-2 spec for one trial; raises ValueError if megatron-core or verl
-    would refuse it (megatron_refusals, token budgets, the batch plans of both phases)."""
+    """The worker's schema-2 spec for one trial; raises ValueError if verl, megatron-core or
+    the worker would refuse it (megatron_refusals: the shared rules and the worker's own; then
+    the batch plans of both phases)."""
     total = workload.mini_batches_per_step
     run = total if mini_batches <= 0 else min(mini_batches, total)
     c, lay = candidate, candidate.layout
-    problems = megatron_refusals(c, model)
+    problems = megatron_refusals(c, model, cluster, workload)
     if problems:
-        raise ValueError("megatron-core refuses it: " + "; ".join(problems))
-    if c.use_dynamic_bsz:
-        for name in ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
-            budget = getattr(c, name) or c.ppo_max_token_len_per_gpu
-            if budget * lay.cp < workload.max_seq_len:
-                raise ValueError(
-                    f"{name} ({budget}) x cp ({lay.cp}) is below prompt + response "
-                    f"({workload.max_seq_len}): verl refuses it"
-                )
+        raise ValueError("refused before a launch: " + "; ".join(problems))
     lengths = step_lengths(workload, run * workload.mini_batch_size, seed)
     spec = {
         "schema": SCHEMA,
@@ -332,6 +327,7 @@ class MegatronRunner(Runner):
             wspec = worker_spec(
                 spec.candidate,
                 spec.model,
+                spec.cluster,
                 spec.workload,
                 seed=spec.seed,
                 mini_batches=self.mini_batches,
