@@ -71,7 +71,7 @@ def _read_only(name: str) -> Setup:
                     return False
                 return real(path, mode, **kw)  # type: ignore[arg-type]
 
-            mp.setattr(tuner.cli_args.os, "access", access)
+            mp.setattr(tuner.cli_args.checks.os, "access", access)
 
     return setup
 

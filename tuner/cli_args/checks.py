@@ -1,14 +1,7 @@
-"""Argument types and checks of the `tune` command line.
-
-Two kinds, both run before a command creates or launches anything:
-
-- `type=` functions for argparse (`positive_int`, `study_name`, `layout_text`, ...): the syntax
-  of one value. They raise `argparse.ArgumentTypeError`; `OneLineParser` turns every argparse
-  complaint into a `UserError` that names the argument (`argument --top: ...`).
-- `validate(args)`: what needs the filesystem or several arguments (a results folder that is a
-  file or read-only, a CSV that is a folder or damaged, `--columns` the leaderboard lacks).
-
-Every message is one line that says what to change; `tuner.cli.main` prints it and exits 2.
+"""The checks a command runs before it writes or launches anything: what needs the file system or
+several arguments (a results folder that is a file or read-only, a CSV that is a folder or
+damaged, an output that would replace an input, `--columns` the leaderboard lacks), per command
+(`validate`). Each raises a one-line `UserError` that says what to change.
 """
 
 from __future__ import annotations
@@ -21,198 +14,10 @@ import re
 import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, NoReturn
 
-from tuner.errors import UserError, redact
+from tuner.cli_args.values import shown
+from tuner.errors import UserError
 from tuner.fileio import CSV_MAX_BYTES, JSON_MAX_BYTES, check_input_file, read_input
-from tuner.verl_settings import split_env, split_override
-
-MAX_NAME_CHARS = 100
-"""Longest study name: it becomes file names (`<study>.csv`, `<study>/trials/`) and Optuna's
-study name, and the file system allows 255 bytes per name."""
-
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@,-]*")
-_INT_RE = re.compile(r"[+-]?[0-9]+")
-_FLOAT_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
-SEED_MAX = 2**32 - 1
-"""numpy's (and so Optuna's samplers') largest seed."""
-
-
-def _shown(text: str, limit: int = 40) -> str:
-    """The user's value, quoted and cut short, for a one-line message."""
-    s = text if len(text) <= limit else text[:limit] + "..."
-    return repr(s)
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are a `UserError` (one line, exit 2 in `main`) instead of
-    the usage block plus a message that argparse prints and exits with."""
-
-    def error(self, message: str) -> NoReturn:
-        hint = f" (see `{self.prog} --help`)"
-        raise UserError(" ".join(message.splitlines()) + hint)
-
-
-# --------------------------------------------------------------------------------------------
-# Numbers. int()/float() alone accept full-width digits, `1_000`, `nan` and `inf`: refused.
-# --------------------------------------------------------------------------------------------
-
-
-def _whole(text: str) -> int:
-    s = text.strip()
-    if not _INT_RE.fullmatch(s):
-        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a whole number: write e.g. 8")
-    return int(s)
-
-
-def _real(text: str) -> float:
-    s = text.strip()
-    if not _FLOAT_RE.fullmatch(s):
-        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a number: write e.g. 1800 or 0.5")
-    v = float(s)
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"{_shown(text)} is too large: write a finite number")
-    return v
-
-
-def positive_int(text: str) -> int:
-    """A whole number >= 1 (GPUs, trials, lengths, batch sizes, --top, --steps)."""
-    v = _whole(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {v}")
-    return v
-
-
-def _checked_by(check: Callable[[str], object], doc: str) -> Callable[[str], str]:
-    """An argparse type that runs `check` on the text (its UserError becomes argparse's
-    message) and returns the text."""
-
-    def arg(text: str) -> str:
-        try:
-            check(text)
-        except UserError as e:
-            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
-        return text
-
-    arg.__doc__ = doc
-    return arg
-
-
-verl_override_text = _checked_by(
-    split_override,
-    "`KEY=VALUE`, a Hydra override of verl's config (the keys are checked against verl's own "
-    "config by the verl runner's preflight).",
-)
-env_assignment = _checked_by(split_env, "`NAME=VALUE`, a variable for every verl trial.")
-
-
-def non_negative_int(text: str) -> int:
-    """A whole number >= 0 (--recipes 0 writes none; trial numbers start at 0)."""
-    v = _whole(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
-    return v
-
-
-def seed(text: str) -> int:
-    """A sampler seed, 0 .. 2**32-1 (numpy's range)."""
-    v = _whole(text)
-    if not 0 <= v <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {SEED_MAX}, got {v}")
-    return v
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0 (seconds)."""
-    v = _real(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text.strip()}")
-    return v
-
-
-def non_negative_float(text: str) -> float:
-    """A finite number >= 0 (GiB of headroom)."""
-    v = _real(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text.strip()}")
-    return v
-
-
-def fraction(text: str) -> float:
-    """A share in (0, 1] (gpu_memory_utilization)."""
-    v = _real(text)
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 1, got {text.strip()}")
-    return v
-
-
-# --------------------------------------------------------------------------------------------
-# Names and layouts
-# --------------------------------------------------------------------------------------------
-
-
-def study_name(text: str) -> str:
-    """A study name that stays a plain file name under results/ and recipes/: ASCII letters,
-    digits and `. _ - + = @ ,`, starting with a letter or digit, at most MAX_NAME_CHARS; empty
-    means the default name. Refuses `/`, `\\`, `..` (a path out of results/), spaces and
-    non-ASCII."""
-    if text == "":
-        return text
-    if len(text) > MAX_NAME_CHARS:
-        raise argparse.ArgumentTypeError(
-            f"{_shown(text)} has {len(text)} characters: use at most {MAX_NAME_CHARS}"
-        )
-    if not _NAME_RE.fullmatch(text) or ".." in text:
-        raise argparse.ArgumentTypeError(
-            f"{_shown(text)} is not a plain name: use ASCII letters, digits and . _ - "
-            "(no / or .., it names files under results/)"
-        )
-    return text
-
-
-def model_arg(text: str) -> str:
-    """A registry name or a path to a config.json; refuses what cannot be either (empty, control
-    characters, names longer than a file system allows) with the same advice as an unknown
-    name, instead of an OSError from the path lookup."""
-    if not text.strip() or not text.isprintable():
-        raise argparse.ArgumentTypeError(
-            f"{_shown(text)} is not a model: pass a name from `tune models` or a config.json path"
-        )
-    too_long = len(os.fsencode(text)) > 4095 or any(
-        len(os.fsencode(part)) > 255 for part in Path(text).parts
-    )
-    if too_long:
-        raise argparse.ArgumentTypeError(
-            f"unknown model {_shown(text)} ({len(text)} characters): pass a name from "
-            "`tune models` or a config.json path"
-        )
-    return text
-
-
-def layout_text(text: str) -> str:
-    """A parallel layout in the reference notation (`tp4pp2vpp2`, `ep8cp2`, `dp8`,
-    `pp8first10last12`), read by the layout's own grammar (tuner.space.layout.read_degrees).
-    The degrees' fit to the GPU count is checked by `ParallelLayout.parse` once the cluster is
-    known."""
-    from tuner.space.layout import read_degrees
-
-    try:
-        read_degrees(text)
-    except UserError as e:
-        raise argparse.ArgumentTypeError(f"{e} (see `tune estimate --help`)") from None
-    return text
-
-
-def path_text(text: str) -> Path:
-    """A path argument: not empty, printable, names the file system allows."""
-    if not text.strip() or not text.isprintable():
-        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a path: pass a file or folder")
-    if any(len(os.fsencode(p)) > 255 for p in Path(text).parts):
-        raise argparse.ArgumentTypeError(
-            f"{_shown(text)} has a name longer than 255 bytes: shorten it"
-        )
-    return Path(text)
-
 
 # --------------------------------------------------------------------------------------------
 # The file system, checked before a command writes anything
@@ -347,7 +152,7 @@ def check_leaderboard(path: Path, flag: str = "csv") -> list[dict[str, str]]:
         trial = r.get("trial") or ""
         if ours and (not trial.isascii() or not trial.isdigit()):
             raise UserError(
-                f"{path} line {i}: trial {_shown(trial)} is not a whole number: fix or delete "
+                f"{path} line {i}: trial {shown(trial)} is not a whole number: fix or delete "
                 "that row"
             )
         for col in numeric.intersection(r):
@@ -362,7 +167,7 @@ def check_leaderboard(path: Path, flag: str = "csv") -> list[dict[str, str]]:
                 finite = False
             if not finite:
                 raise UserError(
-                    f"{path} line {i}: {col} {_shown(text)} is not a finite number: fix the "
+                    f"{path} line {i}: {col} {shown(text)} is not a finite number: fix the "
                     "cell or delete that row"
                 )
     return rows
@@ -389,7 +194,7 @@ def check_columns(text: str, rows: list[dict[str, str]], flag: str = "--columns"
     """Comma-separated column names, each one a column of these leaderboards."""
     cols = [c.strip() for c in text.split(",")]
     if not all(cols):
-        raise UserError(f"{flag} {_shown(text)} has an empty name: write e.g. trial,status,step_s")
+        raise UserError(f"{flag} {shown(text)} has an empty name: write e.g. trial,status,step_s")
     known = known_columns(rows)
     unknown = [c for c in cols if c not in known]
     if unknown:
@@ -563,81 +368,3 @@ def validate(args: argparse.Namespace) -> None:
     check = VALIDATORS.get(getattr(args, "command", "") or "")
     if check is not None:
         check(args)
-
-
-# --------------------------------------------------------------------------------------------
-# A crash inside a command, as one line
-# --------------------------------------------------------------------------------------------
-
-_HINTS = {
-    errno.EACCES: "make it writable or pass another path",
-    errno.EPERM: "make it writable or pass another path",
-    errno.EROFS: "the file system is read-only: pass a path on another one",
-    errno.EISDIR: "it is a folder: pass a file",
-    errno.ENOTDIR: "a file is in the way of a folder: move it aside or pass another path",
-    errno.EEXIST: "a file is in the way of a folder: move it aside or pass another path",
-    errno.ENAMETOOLONG: "shorten the name (at most 255 bytes per name)",
-    errno.ENOSPC: "the disk is full: free space or pass a folder on another disk",
-    errno.ENOENT: "check the path",
-}
-
-
-def error_line(e: BaseException) -> str:
-    """A UserError's message as the one line `tune` prints: on one line, no password."""
-    return redact(one_line(e))
-
-
-def os_error_line(e: OSError) -> str:
-    """An OSError from inside a command as one line that says what to change."""
-    where = e.filename if e.filename is not None else ""
-    what = e.strerror or str(e) or type(e).__name__
-    hint = _HINTS.get(e.errno or 0, "check the path and its permissions")
-    text = f"{where}: {what}: {hint}" if where else f"{what}: {hint}"
-    return redact(" ".join(str(text).splitlines()))
-
-
-_STORAGE_FAILURES = {
-    "disk is full": "the disk is full: free space or pass --storage on another disk",
-    "disk I/O error": "a disk I/O error: check the disk, or pass --storage on another",
-    "readonly database": "it became read-only: make it writable or pass --storage elsewhere",
-    "unable to open database file": "it cannot be opened: check the path and its permissions",
-}
-
-
-def storage_failure_line(e: BaseException, url: str) -> str | None:
-    """A storage that fails inside a study (SQLite's `database or disk is full`, raised by
-    sqlalchemy or sqlite3) as one line naming the storage; None for any other error."""
-    seen: BaseException | None = e
-    for _ in range(8):  # Optuna wraps sqlalchemy's error, which wraps sqlite3's
-        if seen is None:
-            return None
-        if type(seen).__name__ in ("OperationalError", "DatabaseError"):
-            text = str(seen)
-            for key, hint in _STORAGE_FAILURES.items():
-                if key in text:
-                    where = url.removeprefix("sqlite:///")
-                    return f"storage {redact(where)}: {hint}"
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def finite_json(value: Any) -> Any:
-    """`value` with every float that is not finite as None, so that `json.dumps` writes JSON
-    (`null`), not Python's `Infinity`/`NaN`, which strict readers refuse."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite_json(v) for v in value]
-    return value
-
-
-def one_line(e: BaseException) -> str:
-    """The message of an error as a single line."""
-    return " ".join(str(e).split()).strip() or type(e).__name__
-
-
-def flags_of(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """Each option string of `parser` and its action (tests use it to see every flag)."""
-    return {s: a for a in parser._actions for s in a.option_strings}

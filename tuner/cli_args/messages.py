@@ -1,0 +1,78 @@
+"""One-line messages for what fails inside a command (an OSError, a storage that fails, any
+error), passwords redacted, and JSON that `tune` prints without NaN or Infinity."""
+
+from __future__ import annotations
+
+import errno
+import math
+from typing import Any
+
+from tuner.errors import redact
+
+_HINTS = {
+    errno.EACCES: "make it writable or pass another path",
+    errno.EPERM: "make it writable or pass another path",
+    errno.EROFS: "the file system is read-only: pass a path on another one",
+    errno.EISDIR: "it is a folder: pass a file",
+    errno.ENOTDIR: "a file is in the way of a folder: move it aside or pass another path",
+    errno.EEXIST: "a file is in the way of a folder: move it aside or pass another path",
+    errno.ENAMETOOLONG: "shorten the name (at most 255 bytes per name)",
+    errno.ENOSPC: "the disk is full: free space or pass a folder on another disk",
+    errno.ENOENT: "check the path",
+}
+
+
+def error_line(e: BaseException) -> str:
+    """A UserError's message as the one line `tune` prints: on one line, no password."""
+    return redact(one_line(e))
+
+
+def os_error_line(e: OSError) -> str:
+    """An OSError from inside a command as one line that says what to change."""
+    where = e.filename if e.filename is not None else ""
+    what = e.strerror or str(e) or type(e).__name__
+    hint = _HINTS.get(e.errno or 0, "check the path and its permissions")
+    text = f"{where}: {what}: {hint}" if where else f"{what}: {hint}"
+    return redact(" ".join(str(text).splitlines()))
+
+
+_STORAGE_FAILURES = {
+    "disk is full": "the disk is full: free space or pass --storage on another disk",
+    "disk I/O error": "a disk I/O error: check the disk, or pass --storage on another",
+    "readonly database": "it became read-only: make it writable or pass --storage elsewhere",
+    "unable to open database file": "it cannot be opened: check the path and its permissions",
+}
+
+
+def storage_failure_line(e: BaseException, url: str) -> str | None:
+    """A storage that fails inside a study (SQLite's `database or disk is full`, raised by
+    sqlalchemy or sqlite3) as one line naming the storage; None for any other error."""
+    seen: BaseException | None = e
+    for _ in range(8):  # Optuna wraps sqlalchemy's error, which wraps sqlite3's
+        if seen is None:
+            return None
+        if type(seen).__name__ in ("OperationalError", "DatabaseError"):
+            text = str(seen)
+            for key, hint in _STORAGE_FAILURES.items():
+                if key in text:
+                    where = url.removeprefix("sqlite:///")
+                    return f"storage {redact(where)}: {hint}"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every float that is not finite as None, so that `json.dumps` writes JSON
+    (`null`), not Python's `Infinity`/`NaN`, which strict readers refuse."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def one_line(e: BaseException) -> str:
+    """The message of an error as a single line."""
+    return " ".join(str(e).split()).strip() or type(e).__name__
