@@ -65,6 +65,14 @@ class Runner(abc.ABC):
     def run(self, spec: TrialSpec) -> TrialResult:
         """Run one trial. Expected failures (OOM, crash, timeout) are results, not raises."""
 
+    def recover(self, spec: TrialSpec) -> TrialResult | None:
+        """The result already in `spec.trial_dir` of a trial whose worker died after the launch
+        measured it and before the study stored its record (a resumed study asks this before
+        it re-runs the trial): read from the files the launch left, as `run` reads them, never
+        launching anything. None where the folder holds no finished measurement, or where the
+        runner cannot tell (the default)."""
+        return None
+
     def check_available(self, cluster: Cluster) -> None:  # noqa: B027 (optional hook)
         """Raise UserError with one actionable line if this runner cannot run here."""
 

@@ -14,6 +14,7 @@ One trial, in order (each step a plain function of the previous one's output):
 from __future__ import annotations
 
 import contextlib
+import gzip
 import importlib.util
 import re
 import shlex
@@ -265,7 +266,6 @@ class VerlRunner(Runner):
         return replace(ds, reward_fn=self.reward_fn) if self.reward_fn else ds
 
     def run(self, spec: TrialSpec) -> TrialResult:
-        c = spec.candidate
         trial_dir = spec.trial_dir.resolve()
         trial_dir.mkdir(parents=True, exist_ok=True)
         data = self.dataset(spec)
@@ -295,10 +295,28 @@ class VerlRunner(Runner):
         )
         with DeviceMemorySampler(trial_dir / SMI_LOG, enabled=self.launcher.name == "local"):
             res = self.launcher.launch(job)
-        metrics_file = verl_command.metrics_path(
-            trial_dir, experiment_name(c, spec.model, spec.cluster)
+        return self.result(spec, data, res, self.metrics_file(spec))
+
+    def metrics_file(self, spec: TrialSpec) -> Path:
+        """Where verl's file logger writes the trial's step metrics."""
+        return verl_command.metrics_path(
+            spec.trial_dir.resolve(), experiment_name(spec.candidate, spec.model, spec.cluster)
         )
-        return self.result(spec, data, res, metrics_file)
+
+    def recover(self, spec: TrialSpec) -> TrialResult | None:
+        """The row of a trial whose worker died after verl logged the measured step, from the
+        files its launch left in the trial's folder (metrics file or console lines, the log's
+        head, the device-memory samples), read by `result` as after a launch; the launch's end
+        was not seen (no exit code, no wall time, so no `launch_s`). None unless the measured
+        step is there."""
+        metrics_file = self.metrics_file(spec)
+        log_path = _log_of(spec.trial_dir.resolve())
+        steps, _ = _read_steps(metrics_file, log_path)
+        if measures(steps, self.steps) is None:
+            return None
+        unseen = LaunchResult(returncode=None, timed_out=False, duration_s=0.0, log_path=log_path)
+        res = self.result(spec, self.dataset(spec), unseen, metrics_file)
+        return res if res.status is Status.OK else None
 
     # ----------------------------------------------------------------------------------------
 
@@ -308,10 +326,7 @@ class VerlRunner(Runner):
         """The trial's row from what the launch left: metrics file, log, exit."""
         log = _tail(res.log_path)
         head = _head(res.log_path)
-        steps = read_jsonl(metrics_file)
-        source = "file"
-        if not steps:
-            steps, source = read_console(log), "console"
+        steps, source = _read_steps(metrics_file, res.log_path, log)
         got = measures(steps, self.steps)
         w = spec.workload
         extra: dict[str, Any] = {
@@ -452,6 +467,17 @@ def split_wall_time(
     return out
 
 
+def _read_steps(
+    metrics_file: Path, log_path: Path, log: str | None = None
+) -> tuple[dict[int, dict[str, float]], str]:
+    """Step -> metrics from verl's metrics file, else from the console lines of its log (`log`:
+    the log's tail, if already read); and which (`file` or `console`)."""
+    steps = read_jsonl(metrics_file)
+    if steps:
+        return steps, "file"
+    return read_console(_tail(log_path) if log is None else log), "console"
+
+
 def _versions(log: str) -> str:
     found = _VERSIONS.findall(log)
     return found[-1].strip() if found else ""
@@ -459,6 +485,8 @@ def _versions(log: str) -> str:
 
 def _head(path: Path, n_bytes: int = 200_000) -> str:
     """The start of a log, where the probe printed versions and the GPU."""
+    if path.suffix == ".gz":
+        return _gunzipped(path)[:n_bytes].decode(errors="replace")
     try:
         with open(path, "rb") as f:
             return f.read(n_bytes).decode(errors="replace")
@@ -467,6 +495,8 @@ def _head(path: Path, n_bytes: int = 200_000) -> str:
 
 
 def _tail(path: Path, n_bytes: int = LOG_TAIL_BYTES) -> str:
+    if path.suffix == ".gz":
+        return _gunzipped(path)[-n_bytes:].decode(errors="replace")
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
@@ -474,6 +504,23 @@ def _tail(path: Path, n_bytes: int = LOG_TAIL_BYTES) -> str:
             return f.read().decode(errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def _gunzipped(path: Path) -> bytes:
+    """A log compressed after its trial (scripts/gpu_verl_study.sh `pack`); as much as can be
+    read of a file cut short."""
+    out = bytearray()
+    with contextlib.suppress(FileNotFoundError, EOFError, gzip.BadGzipFile), gzip.open(path) as f:
+        while chunk := f.read(1 << 20):
+            out += chunk
+    return bytes(out)
+
+
+def _log_of(trial_dir: Path) -> Path:
+    """The trial's log: verl.log, or verl.log.gz where only that is left."""
+    log = trial_dir / LOG_NAME
+    packed = log.with_name(LOG_NAME + ".gz")
+    return packed if not log.exists() and packed.is_file() else log
 
 
 def _looks_local(path: str) -> bool:

@@ -30,6 +30,7 @@ from tuner.study.objective import (
     now,
     propose,
     ran_workload,
+    recovered_record,
 )
 from tuner.study.request import Progress, StudySummary, TuneRequest
 from tuner.study.storage import (
@@ -148,10 +149,12 @@ class _Study:
         return study_lock(self.url, self.req.name)
 
     def start(self) -> None:
-        """Reclaim trials of killed workers; enqueue the warm start once per study."""
+        """Reclaim trials of killed workers (after learning from the finished ones, as their
+        trials had when proposed); enqueue the warm start once per study."""
         req = self.req
         with self.lock() as locked_:
-            reclaim_interrupted(self.study, locked_)
+            self.trials()
+            reclaim_interrupted(self.study, locked_, self.recover)
             if (
                 (req.warm_start or req.hand_grid or req.verl_example or req.candidates_from)
                 and not self.study.user_attrs.get(WARM_START_ATTR)
@@ -166,6 +169,19 @@ class _Study:
                         self.space, req.profile, req.seed, req.runner, headroom_gib=req.headroom_gib
                     )
                 enqueue_warm_start(self.study, params)
+
+    def recover(self, t: optuna.trial.FrozenTrial) -> TrialRecord | None:
+        """The record of a dead worker's trial whose measurement is in its folder
+        (`recovered_record`); a runner that fails to read it back leaves a note, and the trial
+        is re-run."""
+        try:
+            return recovered_record(self.req, self.label, self.space, self.learner, t)
+        except Exception as e:  # a runner bug must not stop the study from resuming
+            self.notes.append(
+                f"trial {t.number}: its files could not be read back "
+                f"({type(e).__name__}: {e}); it is re-run"[:300]
+            )
+            return None
 
     def trials(self) -> list[optuna.trial.FrozenTrial]:
         """The study's trials; new finished records are parsed and learned from. A FAIL
@@ -266,14 +282,14 @@ def _loop(
     ts = s.trials()
     s.write_view(ts)
     resumed_from = done = s.counted(ts)
-    notes = list(s.notes)
+    notes = s.notes  # with what later reclaims add
     deadline = time.monotonic() + req.timeout_s if req.timeout_s else None
     ran = pruned = unfit_in_a_row = 0
     reclaim_at = time.monotonic() + HEARTBEAT_S
     while deadline is None or time.monotonic() < deadline:
         with s.lock() as locked_:
             if time.monotonic() >= reclaim_at:  # workers that died while this one ran
-                reclaim_interrupted(s.study, locked_)
+                reclaim_interrupted(s.study, locked_, s.recover)
                 reclaim_at = time.monotonic() + HEARTBEAT_S
             ts = s.trials()
             done = s.counted(ts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import optuna
@@ -119,6 +119,22 @@ def result_of_record(rec: TrialRecord, same_as: int) -> TrialResult:
     return TrialResult(**kw)
 
 
+def trial_spec(req: TuneRequest, number: int, prop: Proposal, should_stop: Any = None) -> TrialSpec:
+    """What the runner is given for trial `number` (its folder: results/<study>/trials/<n>)."""
+    return TrialSpec(
+        number=number,
+        candidate=prop.candidate,
+        model=req.model,
+        cluster=req.cluster,
+        workload=req.workload,
+        trial_dir=req.results_dir / req.name / "trials" / str(number),
+        timeout_s=prop.timeout_s,
+        prediction=prop.estimate,
+        seed=req.seed,
+        should_stop=should_stop,
+    )
+
+
 def evaluate(
     req: TuneRequest,
     trial: optuna.Trial,
@@ -137,18 +153,7 @@ def evaluate(
         return TrialResult(status=Status.PRUNED_OOM, source="estimate", reason=prop.unfit)
     if same_as is not None and req.runner.name != "estimate":
         return result_of_record(same_as, same_as.trial)
-    spec = TrialSpec(
-        number=trial.number,
-        candidate=c,
-        model=req.model,
-        cluster=req.cluster,
-        workload=req.workload,
-        trial_dir=req.results_dir / req.name / "trials" / str(trial.number),
-        timeout_s=prop.timeout_s,
-        prediction=prop.estimate,
-        seed=req.seed,
-        should_stop=should_stop,
-    )
+    spec = trial_spec(req, trial.number, prop, should_stop)
     try:
         return req.runner.run(spec)
     except Exception as e:  # a runner bug must not lose the study; the row says what happened
@@ -309,3 +314,49 @@ def interrupted_record(
         if t.datetime_complete
         else "",
     )
+
+
+def recovered_record(
+    req: TuneRequest,
+    storage: str,
+    space: SearchSpace,
+    learner: StudyLearner,
+    t: optuna.trial.FrozenTrial,
+) -> TrialRecord | None:
+    """The record of trial `t`, whose worker died before it stored one, if its runner finds a
+    finished measurement in the trial's folder (`Runner.recover`); None otherwise (it is then
+    interrupted and re-run). The record is the one a finished trial gets (`build_record`, the
+    prediction proposed again from the study's learning so far), its worker the dead one, its
+    end and duration unknown (file times do not tell: a copied folder has new ones); the reason
+    says it was recovered."""
+    try:
+        c = sample(optuna.trial.FixedTrial(t.params), space)
+    except Exception:  # params of an older space may not sample any more: nothing to read back
+        return None
+    prop = propose(req, c, learner)
+    spec = trial_spec(req, t.number, prop)
+    res = req.runner.recover(spec)
+    if res is None or res.value is None:
+        return None
+    worker = str(t.user_attrs.get("worker", ""))
+    why = (
+        f"recovered from trials/{t.number}'s files after its worker {worker or '(unknown)'} stopped"
+    )
+    res = replace(
+        res,
+        reason=f"{why}; {res.reason}" if res.reason else why,
+        extra={**res.extra, "recovered": True},
+    )
+    rec = build_record(
+        req,
+        storage,
+        t.number,
+        prop,
+        res,
+        origin=str(t.user_attrs.get("origin", "")),
+        started_at=t.datetime_start.astimezone(dt.UTC).isoformat(timespec="seconds")
+        if t.datetime_start
+        else "",
+        duration_s=0.0,
+    )
+    return replace(rec, worker=worker, finished_at="", duration_s=None)

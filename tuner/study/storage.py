@@ -334,21 +334,34 @@ def enqueue_rerun(study: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
     study.enqueue_trial(dict(t.params), user_attrs={"origin": origin})
 
 
-def reclaim_interrupted(study: optuna.Study, locked_: bool) -> None:
+Recover = Callable[[optuna.trial.FrozenTrial], TrialRecord | None]
+"""The record a dead worker's trial already holds in its files (the runner's finished
+measurement, `Runner.recover`), or None."""
+
+
+def reclaim_interrupted(study: optuna.Study, locked_: bool, recover: Recover | None = None) -> None:
     """Close the trials left RUNNING by dead workers.
 
     This host's workers whose process is gone are closed at once: a trial that stored its
-    record (killed between record and tell) with the record's state, any other as FAIL with
-    no record, its params enqueued once more (`enqueue_rerun`). Under the study lock a
-    RUNNING trial with no worker yet was asked by a killed process too (ask and mark happen
-    under the lock). Then any host's: Optuna fails each trial whose heartbeat is older than
-    `GRACE_S` and the storage's callback enqueues its re-run. A FAIL trial with no record is
-    what an interrupted trial is; the study's view gives it its `interrupted` row."""
+    record (killed between record and tell) with the record's state; one that did not, but
+    whose measurement `recover` finds in its files (killed after the launch measured it),
+    with that `ok` record, COMPLETE; any other as FAIL with no record, its params enqueued
+    once more (`enqueue_rerun`). Under the study lock a RUNNING trial with no worker yet was
+    asked by a killed process too (ask and mark happen under the lock). Then any host's:
+    Optuna fails each trial whose heartbeat is older than `GRACE_S` and the storage's callback
+    enqueues its re-run. A FAIL trial with no record is what an interrupted trial is; the
+    study's view gives it its `interrupted` row."""
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         worker = str(t.user_attrs.get("worker", ""))
         if (worker and alive(worker)) or (not worker and not locked_):
             continue
         rec = record_of(t)
+        if rec is None and recover is not None:
+            rec = recover(t)
+            if rec is not None and rec.status is Status.OK and rec.tokens_per_s_per_gpu:
+                store_record(optuna.Trial(study, t._trial_id), rec)
+            else:
+                rec = None
         state = optuna.trial.TrialState.FAIL if rec is None else state_for(rec.status)
         value = rec.tokens_per_s_per_gpu if rec is not None else None
         if state is not optuna.trial.TrialState.COMPLETE:
