@@ -280,3 +280,37 @@ def test_old_leaderboards_load_in_schema_3s_meaning(tmp_path: Path) -> None:
             assert (pd.isna(got[c]) and not want.get(c)) or got[c] == float(want[c])
         if r["old_log_prob_s"]:
             assert got["old_log_prob_s"] == pytest.approx(4 * float(r["old_log_prob_s"]), 1e-5)
+
+
+def test_a_training_only_throughput_is_never_set_against_a_whole_step(tmp_path: Path) -> None:
+    """The megatron runner's tokens/s/GPU covers old_log_prob + update (scope `train only`);
+    published rows cover the whole step: no vs_ref between them, while the same row as the cost
+    model's (a whole step, predicted) or as verl's gets one; `tune show` names the scope."""
+    row = next(
+        r for r in _raw(DENSE) if r["status"] == "ok" and "origin=reference" not in r["extra"]
+    )
+    row = {**row, "gpu": "h100", "num_gpus": "8", "hardware": ""}
+    rows = [
+        {**row, "trial": "1"},
+        {**row, "trial": "2", "source": "estimate"},
+        {**row, "trial": "3", "source": "verl"},
+        {**row, "trial": "4", "extra": row["extra"] + ";generation=measured(vllm)"},
+    ]
+    ours = tmp_path / "ours.csv"
+    with ours.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        w.writeheader()
+        w.writerows(rows)
+    df = with_reference_ratio(load_leaderboard([ours, ANCHORS / "grpo_qwen2.5_7b.csv"]))
+    mine = df[df["file"] == "ours.csv"].set_index("trial")
+    assert list(mine["scope"]) == ["train only", "predicted", "step", "gen+train"]
+    assert mine["vs_ref"].isna().tolist() == [True, False, False, True]
+    assert main(["show", str(ours), "--columns", "trial,scope"]) == 0
+
+
+def test_show_names_what_each_throughput_covers(capsys: pytest.CaptureFixture[str]) -> None:
+    verl = REPO / "results" / "verl4k-h100-x1.csv"
+    assert main(["show", str(DENSE), str(verl), "--status", "ok", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by_source = {r["source"]: r["scope"] for r in rows}
+    assert by_source == {"megatron": "train only", "verl": "step"}

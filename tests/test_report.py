@@ -286,3 +286,19 @@ def test_importances_run_on_a_bounded_parameterization() -> None:
         study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0)
     )
     assert set(imp) == {"use_dynamic_bsz", "tp", "pp"}
+
+
+def test_the_headline_says_what_its_throughput_covers(tmp_path: Path) -> None:
+    """A training-only best row is labelled so, with the cost model's whole step beside it and
+    not added to it; verl's row is the whole step."""
+    small = REPO / "results" / "small16k-h100-x1.csv"
+    verl = REPO / "results" / "verl4k-h100-x1.csv"
+    for path, words in (
+        (small, ("old_log_prob + update only, measured; generation not measured",
+                 "not added to the measured phases")),
+        (verl, ("the whole step, measured by verl",)),
+    ):  # fmt: skip
+        out = tmp_path / f"{path.stem}.html"
+        assert main(["report", str(path), "-o", str(out)]) == 0
+        answer = _text(_sections(out.read_text())["answer"])
+        assert all(w in answer for w in words), (path.name, answer[:400])

@@ -32,6 +32,7 @@ from tuner.leaderboard.ranking import (
     best_reference,
     default_sort,
     rank,
+    same_setup,
     select,
     with_reference_ratio,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "STRING_COLUMNS",
     "PathLike",
     "best_reference",
+    "same_setup",
     "column_name",
     "default_sort",
     "load_leaderboard",

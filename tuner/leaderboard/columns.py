@@ -136,6 +136,7 @@ SHOW_COLUMNS = (
     "train_parallel",
     "infer_parallel",
     "tokens_per_s_per_gpu",
+    "scope",
     "vs_ref",
     "step_s",
     "generation_s",
@@ -151,7 +152,7 @@ SHOW_COLUMNS = (
 )
 """What `tune show` prints by default (columns empty in every shown row are left out)."""
 
-DERIVED_COLUMNS = ("file", "origin", "is_reference", "model_family", "vs_ref")
+DERIVED_COLUMNS = ("file", "origin", "is_reference", "model_family", "vs_ref", "scope")
 """Columns load_leaderboard (and with_reference_ratio) add to the file's own."""
 
 

@@ -22,6 +22,7 @@ from tuner.leaderboard.columns import (
     typed,
 )
 from tuner.results import is_reference, normalize_reference, upgrade_row
+from tuner.results.scope import scope_of
 
 PathLike = str | Path
 
@@ -201,6 +202,12 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
             after = ex[has].str.partition("origin=")[2].str.partition(";")[0]
             origin[has] = after
         cols["origin"] = origin
+    ex = cols.get("extra", _blank(idx)).astype(str)
+    cols["scope"] = pd.Series(
+        [scope_of(str(src), e) for src, e in zip(cols["source"], ex, strict=True)],
+        index=idx,
+        dtype=str,
+    )
     cols["is_reference"] = (cols["source"] == "reference") | cols["origin"].str.startswith(
         "reference"
     )

@@ -10,6 +10,7 @@ import pandas as pd
 from tuner.errors import UserError
 from tuner.leaderboard.columns import column_name
 from tuner.results import HIGHER_IS_BETTER
+from tuner.results.scope import comparable
 
 _GPU_FILTER = re.compile(r"^([a-z0-9]+?)(?:x(\d+))?$")
 
@@ -48,11 +49,13 @@ def select(
     return df[keep.fillna(False).astype(bool)]
 
 
-def _same_setup(df: pd.DataFrame) -> pd.Series:
-    """What a row is compared within: the model (its reference family) and the GPU kind and
-    count."""
+def same_setup(df: pd.DataFrame) -> pd.Series:
+    """What a row is compared within: the model (its reference family), the GPU kind and count,
+    and what its throughput covers (results.scope.comparable: a training-only throughput is
+    never set against a whole step's)."""
     model = df["model_family"].where(df["model_family"] != "", df["model"].str.lower())
-    return model + "|" + df["gpu"] + "|" + df["num_gpus"].astype(str)
+    covers = df["scope"].map(comparable) if "scope" in df else ""
+    return model + "|" + df["gpu"] + "|" + df["num_gpus"].astype(str) + "|" + covers
 
 
 def best_reference(df: pd.DataFrame) -> pd.DataFrame:
@@ -63,7 +66,7 @@ def best_reference(df: pd.DataFrame) -> pd.DataFrame:
     refs = df[df["is_reference"] & (df["status"] == "ok") & df["tokens_per_s_per_gpu"].notna()]
     if refs.empty:
         return pd.DataFrame(columns=[*cols, "ref_index", "key"])
-    key = _same_setup(refs)
+    key = same_setup(refs)
     best = refs.loc[refs["tokens_per_s_per_gpu"].groupby(key).idxmax()]
     label = best["file"] + " trial " + best["trial"].astype(str)
     label = label.where(best["origin"] == "", label + " (" + best["origin"] + ")")
@@ -75,7 +78,7 @@ def best_reference(df: pd.DataFrame) -> pd.DataFrame:
             "ref_tokens_per_s_per_gpu": best["tokens_per_s_per_gpu"],
             "ref_label": label,
             "ref_index": best.index,
-            "key": _same_setup(best),
+            "key": same_setup(best),
         }
     ).reset_index(drop=True)
 
@@ -85,9 +88,7 @@ def with_reference_ratio(df: pd.DataFrame) -> pd.DataFrame:
     model on the same GPU kind and count (NaN where there is none)."""
     best = best_reference(df)
     out = df.copy()
-    ref = _same_setup(out).map(
-        dict(zip(best["key"], best["ref_tokens_per_s_per_gpu"], strict=True))
-    )
+    ref = same_setup(out).map(dict(zip(best["key"], best["ref_tokens_per_s_per_gpu"], strict=True)))
     out["vs_ref"] = (out["tokens_per_s_per_gpu"] / ref.astype("float64")).astype("float64")
     return out
 

@@ -15,6 +15,7 @@ from tuner import plots
 from tuner.leaderboard import PREDICTED_PRUNED
 from tuner.report.markup import _cell, _e, _figure, _has, _label, _p, _table
 from tuner.report.study import NOT_MEASURED_SOURCES, Study, median_abs_error, num
+from tuner.results.scope import GEN_TRAIN, MEANINGS, TRAIN_ONLY
 
 TOP_PHASE_ROWS = 5
 """Best rows shown in the time-per-phase section (beside the references)."""
@@ -100,9 +101,10 @@ def section_answer(s: Study) -> str:
         f'<div class="answer" data-best-trial="{_e(b["trial"])}" '
         f'data-best-tokens-per-s-per-gpu="{tput:.6g}">'
         f"<p class='big'>Best configuration: <strong>{_e(_label(b))}</strong> on {_e(where)}"
-        f" ({_e(b['model'])}): <strong>{num(tput)} {s.what}tokens/s/GPU</strong>, peak "
-        f"{_e(mem_text)}.</p>"
+        f" ({_e(b['model'])}): <strong>{num(tput)} {s.what}tokens/s/GPU</strong>"
+        f"{_e(_scope_words(b))}, peak {_e(mem_text)}.</p>"
     )
+    head += _scope_note(s)
     ratio = ""
     r = s.best_ref
     if r is not None:
@@ -135,6 +137,35 @@ def section_answer(s: Study) -> str:
     table = pd.DataFrame(groups)
     rows = _p(f"{len(df)} rows: {_e(status_text)}.")
     return head + ratio + cmd + rows + "</div>" + _table(table)
+
+
+def _scope_words(b: pd.Series) -> str:
+    """What the headline's throughput covers, in words (results.scope)."""
+    meaning = MEANINGS.get(str(b.get("scope", "")), "")
+    return f" ({meaning})" if meaning else ""
+
+
+def _scope_note(s: Study) -> str:
+    """Where the best row did not measure the whole step: the cost model's whole step beside it,
+    never added to it; and a warning where the ok rows' throughputs cover different parts."""
+    b, out = s.best, ""
+    if b is not None and str(b.get("scope", "")) in (TRAIN_ONLY, GEN_TRAIN):
+        step, gen = b.get("pred_step_s"), b.get("pred_generation_s")
+        if _has(step):
+            part = f", of which generation {num(gen)} s" if str(b["scope"]) == TRAIN_ONLY else ""
+            out += _p(
+                f"The whole step is not measured for this row: the cost model predicts "
+                f"{num(step)} s{part} (predicted; not added to the measured phases)."
+            )
+    scopes = sorted({str(x) for x in s.ok.loc[~s.ok["is_reference"], "scope"]} - {""})
+    if len(scopes) > 1:
+        out += _p(
+            "The ok rows' throughputs cover different parts of the step ("
+            + "; ".join(f"{sc}: {MEANINGS.get(sc, sc)}" for sc in scopes)
+            + "): compare rows within one scope (tune show's scope column).",
+            "small",
+        )
+    return out
 
 
 def _published_note(s: Study) -> str:

@@ -18,6 +18,7 @@ from tuner.leaderboard import (
     REFERENCE_FILES,
     best_reference,
     load_leaderboard,
+    same_setup,
     with_reference_ratio,
 )
 
@@ -130,13 +131,7 @@ def load_study(csv: Path, references: Sequence[Path] = ()) -> Study:
     best_ref = None
     if best is not None:
         table = best_reference(both)
-        key = (
-            str(best["model_family"] or str(best["model"]).lower())
-            + "|"
-            + str(best["gpu"])
-            + "|"
-            + str(best["num_gpus"])
-        )
+        key = same_setup(both.loc[[best.name]]).iloc[0]
         hit = table[table["key"] == key]
         if len(hit):
             best_ref = both.loc[int(hit["ref_index"].iloc[0])]
