@@ -53,6 +53,7 @@ from tuner.models import ModelSpec
 from tuner.results import Status, TrialResult
 from tuner.runners.base import Predicted, TrialSpec, memory_view
 from tuner.runners.megatron_pool import WorkerPool
+from tuner.runners.process import log_tail
 from tuner.runners.vllm_gen import EngineCfg, GenResult, GenSpec, classify_failure
 from tuner.runners.vllm_gen import parse_gen_result as _parse
 from tuner.space import Candidate
@@ -315,7 +316,7 @@ class GenerationPhase:
             if o.timed_out:
                 why = f"generation: no result within {spec.timeout_s:.0f} s"
                 return GenRun(row=_row(Status.TIMEOUT, why, log))
-            status, reason = classify_failure("generation worker exited", _tail(log))
+            status, reason = classify_failure("generation worker exited", log_tail(log, 40_000))
             r = GenResult(status=status, reason=reason)
         if r.status != "ok":
             status = Status.OOM if r.status == "oom" else Status.FAILED
@@ -336,16 +337,6 @@ def _row(status: Status, reason: str, log: str) -> TrialResult:
         log_path=log,
         extra={"generation": MEASURED.split("=", 1)[1], "phase": "generation"},
     )
-
-
-def _tail(path: str, n_bytes: int = 40_000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - n_bytes))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def finish(row: TrialResult, gen: GenRun | None) -> TrialResult:

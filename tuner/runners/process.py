@@ -28,13 +28,19 @@ class ProcessResult:
     """A worker pool was started for this run (its start-up is in `duration_s`)."""
 
     def tail(self, n_bytes: int = 20_000) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - n_bytes))
-                return f.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return log_tail(self.log_path, n_bytes)
+
+
+def log_tail(path: str | Path, n_bytes: int) -> str:
+    """The last `n_bytes` of a log as text ('' where it cannot be read): the one tail reader of
+    the runners' logs."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 Launch = Callable[..., ProcessResult]

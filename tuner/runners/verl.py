@@ -49,7 +49,7 @@ from tuner.runners.launchers import (
     SlurmLauncher,
 )
 from tuner.runners.launchers.slurm import require_slurm
-from tuner.runners.process import Launch, run_process
+from tuner.runners.process import Launch, log_tail, run_process
 from tuner.runners.verl_log import (
     MEASURED_STEP,
     classify,
@@ -497,13 +497,7 @@ def _head(path: Path, n_bytes: int = 200_000) -> str:
 def _tail(path: Path, n_bytes: int = LOG_TAIL_BYTES) -> str:
     if path.suffix == ".gz":
         return _gunzipped(path)[-n_bytes:].decode(errors="replace")
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - n_bytes))
-            return f.read().decode(errors="replace")
-    except FileNotFoundError:
-        return ""
+    return log_tail(path, n_bytes)
 
 
 def _gunzipped(path: Path) -> bytes:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tuner.runners.megatron_worker.protocol import mark_done, mark_ready, wait_request
 from tuner.runners.megatron_worker.result import one_line, write_json_atomic
+from tuner.runners.process import log_tail
 from tuner.runners.vllm_gen.spec import GenResult, classify_failure, load_gen_spec
 
 POOL_LOG = "pool.log"
@@ -30,16 +31,6 @@ def _env() -> None:
     if importlib.util.find_spec("flashinfer") is None:
         # vLLM 0.24's TopKTopPSampler imports flashinfer unless this is 0 (the GPU kit's README)
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-
-
-def _tail(path: Path, n_bytes: int = 40_000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - n_bytes))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
             sys.stdout.flush()
             sys.stderr.flush()
-            status, reason = classify_failure(one_line(e), _tail(pool / POOL_LOG))
+            status, reason = classify_failure(one_line(e), log_tail(pool / POOL_LOG, 40_000))
             write_json_atomic(out, GenResult(status=status, reason=reason).to_dict())
             print(f"vllm_gen: {status}: {reason}", flush=True)
             os._exit(1)
