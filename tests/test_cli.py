@@ -278,6 +278,13 @@ def test_run_summary_prints_the_time_split() -> None:
     assert (
         lines[2] == "wall time: 300 s in measured steps, 80 s launching, 20 s other (75% measuring)"
     )
+    verl_like = SimpleNamespace(
+        **base, measured_s=66.0, launch_s=720.0, warmup_s=238.0, unmeasured_s=476.0, other_s=33.0
+    )
+    assert summary_text(verl_like).splitlines()[2] == (
+        "wall time: 66 s in measured steps, 720 s launching, 238 s in warm-up steps, 476 s in "
+        "trials that gave no number, 33 s other (4% measuring)"
+    )
 
 
 def test_run_notes_go_to_stderr(

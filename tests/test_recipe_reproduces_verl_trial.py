@@ -106,6 +106,9 @@ def test_exported_recipe_runs_the_trials_overrides(
     (row,) = read_raw(summary.csv_path)
     assert row["status"] == "ok", row["reason"]
     assert row["runner"] == "verl" and float(row["tokens_per_s_per_gpu"]) == 1030.0
+    # the study's wall time split counts the row's warm-up steps apart
+    warm = float(dict(p.split("=", 1) for p in row["extra"].split(";") if "=" in p)["warmup_s"])
+    assert warm > 0 and summary.warmup_s == pytest.approx(warm) and summary.unmeasured_s == 0
     trial_dir = workdir / "results" / "s" / "trials" / row["trial"]
     ran = _trial_overrides(trial_dir / "command.sh")
 

@@ -189,12 +189,17 @@ def summary_text(summary: Any) -> str:
     )
     measured = float(getattr(summary, "measured_s", 0.0) or 0.0)
     launch = float(getattr(summary, "launch_s", 0.0) or 0.0)
+    warmup = float(getattr(summary, "warmup_s", 0.0) or 0.0)
+    unmeasured = float(getattr(summary, "unmeasured_s", 0.0) or 0.0)
     other = float(getattr(summary, "other_s", 0.0) or 0.0)
     if measured + launch > 0:
+        total = measured + launch + warmup + unmeasured + other
         lines.append(
             f"wall time: {measured:.0f} s in measured steps, {launch:.0f} s launching"
+            + (f", {warmup:.0f} s in warm-up steps" if warmup else "")
+            + (f", {unmeasured:.0f} s in trials that gave no number" if unmeasured else "")
             + (f", {other:.0f} s other" if other else "")
-            + f" ({100 * measured / (measured + launch + other):.0f}% measuring)"
+            + f" ({100 * measured / total:.0f}% measuring)"
         )
     if summary.best_rows:
         lines.append(format_table(summary.best_rows, [c for c in SHOW_COLUMNS if c != "reason"]))

@@ -357,6 +357,8 @@ def _loop(
     measured = sum(r.measured_s or 0.0 for r in own)
     launch = sum(r.launch_s or 0.0 for r in own)
     total = sum(r.duration_s or 0.0 for r in own)
+    warmup = sum(_seconds(r.extra.get("warmup_s")) for r in own if r.measured_s)
+    unmeasured = sum(r.duration_s or 0.0 for r in own if not r.measured_s)
     return StudySummary(
         name=req.name,
         csv_path=req.csv_path,
@@ -369,9 +371,20 @@ def _loop(
         pruned_before_launch=pruned,
         measured_s=measured,
         launch_s=launch,
-        other_s=max(0.0, total - measured - launch),
+        warmup_s=warmup,
+        unmeasured_s=unmeasured,
+        other_s=max(0.0, total - measured - launch - warmup - unmeasured),
         notes=tuple(notes),
     )
+
+
+def _seconds(v: object) -> float:
+    """A number of seconds from a row's `extra` (text in rows read back), 0 where absent."""
+    try:
+        x = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+    return x if x > 0 else 0.0
 
 
 def _ok_rows(s: _Study) -> list[dict[str, str]]:

@@ -122,7 +122,13 @@ class StudySummary:
     launch_s: float = 0.0
     """Wall time of the study's trials from launch to the first measured step (sum of
     `launch_s`: start-up, model build, warm-up)."""
+    warmup_s: float = 0.0
+    """Wall time in the warm-up steps between the first step and the measured one, where the
+    runner times them apart (verl rows' `extra` warmup_s; the megatron runner counts its warm-up
+    in launch_s)."""
+    unmeasured_s: float = 0.0
+    """Wall time of the trials that gave no measured step (failed, OOM, timed out)."""
     other_s: float = 0.0
-    """The rest of the trials' wall time (sum of `duration_s` less the two above)."""
+    """The rest of the trials' wall time (sum of `duration_s` less the four above)."""
     notes: tuple[str, ...] = ()
     """Lines for stderr: a damaged leaderboard set aside, a space where nothing fits, ..."""
