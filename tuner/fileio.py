@@ -3,7 +3,11 @@ and its one reader of what a user passes in (bounded, regular files only).
 
 A kill at any moment leaves either the old file or the new one, never a torn one. The file gets
 the mode a plain `open(path, "w")` would give it (0644 under the usual umask 022), not the 0600
-that `tempfile.mkstemp` creates."""
+that `tempfile.mkstemp` creates.
+
+Stdlib only (and tuner.errors, which is too): the Megatron worker writes its result and its pool
+files through it under torchrun on the GPU host, and the cost model saves its profile with it.
+tests/test_fileio.py fails on a hand-written atomic writer anywhere else in tuner/."""
 
 from __future__ import annotations
 
@@ -26,12 +30,17 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: Path | str, data: str | bytes, *, executable: bool = False) -> Path:
+def write_atomic(
+    path: Path | str, data: str | bytes, *, executable: bool = False, exclusive: bool = False
+) -> Path:
     """Write `data` (text is UTF-8, newlines as given) to `path` atomically; returns the path.
 
     The parent directory is created if missing; a temporary file of its own per call, so
     processes writing the same path at once each replace it whole. `executable`: mode 0777
-    less the umask (a script), else 0666 less the umask."""
+    less the umask (a script), else 0666 less the umask. `exclusive`: create `path` only if
+    it is absent, whole or not at all (a hard link, which never replaces), and raise
+    FileExistsError, leaving the file there as it was, if it is present (the first writer
+    wins)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode() if isinstance(data, str) else data
@@ -42,7 +51,11 @@ def write_atomic(path: Path | str, data: str | bytes, *, executable: bool = Fals
             f.flush()
             os.fchmod(f.fileno(), (0o777 if executable else 0o666) & ~_umask())
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

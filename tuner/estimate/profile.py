@@ -8,13 +8,11 @@ fits the ones listed in CALIBRATED to the user's own measured rows.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from tuner.errors import UserError
-from tuner.fileio import load_json
+from tuner.fileio import load_json, write_atomic
 
 PROFILE_SCHEMA = 2
 DEFAULT_PROFILE_PATH = Path("results") / "calibration.json"
@@ -131,18 +129,7 @@ def load_profile(path: Path | None = None) -> Profile:
 
 
 def save_profile(profile: Profile, path: Path | None = None, **meta: object) -> Path:
-    """Write the profile atomically (temporary file + rename) with its schema version."""
+    """Write the profile atomically (fileio.write_atomic) with its schema version."""
     p = path or DEFAULT_PROFILE_PATH
-    p.parent.mkdir(parents=True, exist_ok=True)
     payload = {"schema": PROFILE_SCHEMA, "constants": asdict(profile), **meta}
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return p
+    return write_atomic(p, json.dumps(payload, indent=2) + "\n")

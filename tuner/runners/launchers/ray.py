@@ -8,7 +8,6 @@ environment passed as the job's `runtime_env.env_vars` reaches every worker. Pat
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 import time
 import uuid
@@ -16,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tuner.errors import UserError
+from tuner.fileio import write_atomic
 from tuner.runners.launchers.base import Job, Launcher, LaunchResult
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -198,6 +198,4 @@ class RayLauncher(Launcher):
     def _save_logs(client: Any, sid: str, job: Job) -> None:
         with contextlib.suppress(Exception):
             text = client.get_job_logs(sid)
-            tmp = job.log_path.with_name(f".{job.log_path.name}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, job.log_path)
+            write_atomic(job.log_path, text)

@@ -4,16 +4,15 @@ Pure Python: the runner reads results with `parse_result` on a machine with no t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.fileio import write_atomic
 from tuner.models import ModelSpec
 
 SCHEMA = 2
@@ -124,26 +123,15 @@ def parse_result(data: str | bytes | Mapping[str, Any]) -> WorkerResult:
 
 
 def write_json_atomic(path: str | Path, obj: Mapping[str, Any], *, exclusive: bool = False) -> bool:
-    """Write `obj` to `path` through a temp file in the same folder. With `exclusive`, keep an
+    """Write `obj` to `path` atomically (fileio.write_atomic). With `exclusive`, keep an
     existing file (the first failure wins) and return False."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
-        if exclusive:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-            return True
-        os.replace(tmp, path)
-        return True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        write_atomic(path, json.dumps(obj, indent=1) + "\n", exclusive=exclusive)
+    except FileExistsError:
+        if exclusive and os.path.lexists(path):  # not a file where the folder should be
+            return False
+        raise
+    return True
 
 
 OOM_TEXTS = (
