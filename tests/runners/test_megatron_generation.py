@@ -233,24 +233,27 @@ def test_rollout_refusals_cost_no_launch(tmp_path: Path, cand: dict, why: str):
     assert not events(tmp_path)  # no engine was built
 
 
-def test_vllm_heads_rules_as_vllm_states_them():
-    from tuner.runners.megatron_generation import vllm_refusals
+def test_vllm_heads_rules_are_the_shared_ones_plus_one_engine():
+    from tuner.runners.megatron_generation import GENERATION_RULES, vllm_refusals
+    from tuner.space.rules import RULES
 
+    shared = [r for r in RULES if r.name.startswith("rollout_")]
+    assert all(any(r is g for g in GENERATION_RULES) for r in shared)  # the same objects
     cl = Cluster(gpu=get_gpu("h100"), num_gpus=8)
+    w = get_workload("dapo-math")
     m = get_model(str(CONFIG))  # 16 heads, 8 kv heads
     lay = ParallelLayout(world=8)
-    assert not vllm_refusals(Candidate(layout=lay, rollout_tp=8), m, cl)
+    assert not vllm_refusals(Candidate(layout=lay, rollout_tp=8), m, cl, w)
     # tp across nodes passes the shared rules; one engine on one host cannot run it
     two_nodes = Cluster(gpu=get_gpu("h100"), num_gpus=8, gpus_per_node=4)
-    why = vllm_refusals(Candidate(layout=lay, rollout_tp=8), m, two_nodes)
-    assert why[0].startswith("rollout tp(8) > the 4 GPUs on this host")
+    why = vllm_refusals(Candidate(layout=lay, rollout_tp=8), m, two_nodes, w)
+    assert len(why) == 1 and why[0].startswith("[one_engine] rollout tp(8) > the 4 GPUs on")
     m3 = dataclasses.replace(m, num_attention_heads=12, num_kv_heads=4)
-    assert (
-        "does not divide the 12 heads"
-        in vllm_refusals(Candidate(layout=lay, rollout_tp=8), m3, cl)[0]
-    )
+    got = vllm_refusals(Candidate(layout=lay, rollout_tp=8), m3, cl, w)
+    assert any("[rollout_tp]" in g and "does not divide the 12 heads" in g for g in got)
     m6 = dataclasses.replace(m, num_attention_heads=24, num_kv_heads=6)
-    assert "6 kv heads" in vllm_refusals(Candidate(layout=lay, rollout_tp=4), m6, cl)[0]
+    got = vllm_refusals(Candidate(layout=lay, rollout_tp=4), m6, cl, w)
+    assert any("6 kv heads" in g for g in got)
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,7 @@ from tuner.runners.process import log_tail
 from tuner.runners.vllm_gen import EngineCfg, GenResult, GenSpec, classify_failure
 from tuner.runners.vllm_gen import parse_gen_result as _parse
 from tuner.space import Candidate
+from tuner.space.rules import RULES, Rule, broken_rules
 from tuner.workload import Workload
 
 GEN_MODULE = "tuner.runners.vllm_gen"
@@ -106,21 +107,13 @@ def verl_max_model_len(folder: Path, w: Workload) -> int:
     return w.max_seq_len
 
 
-def vllm_refusals(c: Candidate, m: ModelSpec, cl: Cluster) -> list[str]:
-    """Why one vLLM engine on this host cannot run the candidate's rollout ([] if it can)."""
-    rtp, out = c.rollout_tp, []
-    if rtp > cl.local_gpus:
+def _one_engine_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    out = []
+    if c.rollout_tp > cl.local_gpus:
         out.append(
-            f"rollout tp({rtp}) > the {cl.local_gpus} GPUs on this host: the megatron runner's "
-            "vLLM engine runs on one node (use --runner verl for TP across nodes)"
+            f"rollout tp({c.rollout_tp}) > the {cl.local_gpus} GPUs on this host: the megatron "
+            "runner's vLLM engine runs on one node (use --runner verl for TP across nodes)"
         )
-    if m.num_attention_heads % rtp:  # vllm/config/model.py verify_with_parallel_config
-        out.append(f"rollout tp({rtp}) does not divide the {m.num_attention_heads} heads (vLLM)")
-    # vllm/model_executor/layers/linear.py QKVParallelLinear: kv heads split over tp, or
-    # replicated tp / kv_heads times where tp >= kv heads; `divide` asserts either way
-    kv = m.num_kv_heads
-    if (rtp >= kv and rtp % kv) or (rtp < kv and kv % rtp):
-        out.append(f"rollout tp({rtp}) and the {kv} kv heads do not divide one another (vLLM)")
     if c.rollout_dp > 1 or c.rollout_ep > 1:
         out.append(
             f"rollout dp({c.rollout_dp}) / ep({c.rollout_ep}): the megatron runner measures one "
@@ -129,12 +122,25 @@ def vllm_refusals(c: Candidate, m: ModelSpec, cl: Cluster) -> list[str]:
     return out
 
 
+GENERATION_RULES = (
+    *(r for r in RULES if r.name in ("rollout_tp", "rollout_dp", "rollout_ep")),
+    Rule("one_engine", "rollout_tp", _one_engine_rule),
+)
+"""What the generation runner refuses: the shared rollout rules (tuner.space.rules: heads and kv
+heads as vLLM splits them) and only its own beyond them, one engine on one node."""
+
+
+def vllm_refusals(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    """Why one vLLM engine on this host cannot run the candidate's rollout ([] if it can)."""
+    return [f"[{n}] {msg}" for n, msg in broken_rules(c, m, cl, w, GENERATION_RULES)]
+
+
 def generation_spec(
     c: Candidate, m: ModelSpec, w: Workload, cl: Cluster, folder: Path, seed: int
 ) -> GenSpec:
     """Replica 0's share of the step (see the module docstring); ValueError where vLLM or the
     runner would refuse it."""
-    problems = vllm_refusals(c, m, cl)
+    problems = vllm_refusals(c, m, cl, w)
     if problems:
         raise ValueError("refused before a launch: " + "; ".join(problems))
     replicas = max(1, cl.num_gpus // c.rollout_tp)
