@@ -23,6 +23,7 @@ DENSE = REPO / "results" / "dense-h200-x2.csv"
 MOE = REPO / "results" / "moe-h200-x2.csv"
 MEASURED = [REPO / "results" / f"{n}.csv" for n in
             ("dense8k-h200-x2", "moe8k-h200-x2", "small16k-h100-x1")]  # fmt: skip
+VERL = REPO / "results" / "verl4k-h100-x1.csv"
 NOT_LAUNCHED = {"pruned-invalid", "pruned-oom-predicted"}
 
 
@@ -111,7 +112,7 @@ def test_report_of_a_measured_leaderboard(
     assert "update actor" in _text(sec["phases"]) or "update_actor" in sec["phases"]
 
 
-@pytest.mark.parametrize("csv_path", [DENSE, MOE, *MEASURED], ids=lambda p: p.stem)
+@pytest.mark.parametrize("csv_path", [DENSE, MOE, *MEASURED, VERL], ids=lambda p: p.stem)
 def test_committed_reports_match_their_csv(csv_path: Path) -> None:
     """results/<name>.html is committed beside each measured leaderboard and agrees with it
     (regenerate with `tune report results/<name>.csv`)."""
