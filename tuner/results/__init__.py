@@ -28,6 +28,7 @@ from tuner.results.record import (
     TrialRecord,
     _fmt,
     number,
+    parse_extra,
     row_of,
     upgrade_row,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "normalize_reference",
     "number",
     "number_text",
+    "parse_extra",
     "rank",
     "read_raw",
     "read_rows",

@@ -245,7 +245,7 @@ def upgrade_row(d: dict[str, Any]) -> dict[str, Any]:
         return d
     out = dict(d)
     raw_extra = out.get("extra")
-    extra = dict(raw_extra) if isinstance(raw_extra, dict) else _parse_extra(raw_extra or "")
+    extra = dict(raw_extra) if isinstance(raw_extra, dict) else parse_extra(raw_extra or "")
 
     def num(v: Any) -> float | None:
         if isinstance(v, bool) or v is None:
@@ -311,7 +311,8 @@ def _parse_bool(v: str) -> bool | None:
     return None if not s else s in ("true", "1", "yes")
 
 
-def _parse_extra(v: str) -> dict[str, Any]:
+def parse_extra(v: str) -> dict[str, Any]:
+    """A CSV cell of `extra` (`k=v;k=v`) as a dict of text values."""
     out: dict[str, Any] = {}
     for part in v.split(";") if v else ():
         k, sep, x = part.partition("=")
@@ -345,7 +346,7 @@ def _parser_of(annotation: str) -> Any:
     if a.startswith("bool"):
         return _parse_bool
     if a.startswith("dict"):
-        return _parse_extra
+        return parse_extra
     if a == "Status":
         return Status
     return str

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tuner.results.record import parse_extra
+
 WHOLE_STEP = "step"
 """verl measured the whole step (its perf/throughput): generation, log-probs, update, sync."""
 GEN_TRAIN = "gen+train"
@@ -31,7 +33,7 @@ def scope_of(source: str, extra: Mapping[str, Any] | str) -> str:
     """The scope of a row's tokens_per_s_per_gpu from its source and `extra` (a record's dict or
     a CSV's `k=v;...` text); '' for rows that measured nothing (pruned, failed before a step)."""
     if isinstance(extra, str):
-        extra = dict(p.partition("=")[::2] for p in extra.split(";") if "=" in p)
+        extra = parse_extra(extra)
     if source == "verl":
         return WHOLE_STEP
     if source == "reference":

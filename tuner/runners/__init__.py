@@ -41,11 +41,12 @@ def pinned_knobs(source: str, extra: object = "") -> tuple[tuple[str, Any], ...]
     none for the others (the verl runner runs every knob; the estimator measures nothing, as
     its rows say)."""
     if source == "megatron":
+        from tuner.results.scope import GEN_TRAIN, scope_of
         from tuner.runners.megatron import MEGATRON_PINNED
-        from tuner.runners.megatron_generation import MEASURED, measured_pins
+        from tuner.runners.megatron_generation import measured_pins
 
-        text = ";".join(f"{k}={v}" for k, v in extra.items()) if isinstance(extra, dict) else extra
-        return measured_pins(MEGATRON_PINNED) if MEASURED in str(text) else MEGATRON_PINNED
+        measured = scope_of(source, extra if isinstance(extra, dict) else str(extra)) == GEN_TRAIN
+        return measured_pins(MEGATRON_PINNED) if measured else MEGATRON_PINNED
     return ()
 
 
