@@ -142,7 +142,7 @@ def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dic
     study measures the same candidates with its own runner (issue 17: the fast runner against
     verl). Rows of another model, GPU count or workload are refused: one line, exit 2."""
     from tuner.errors import UserError
-    from tuner.results import read_raw
+    from tuner.results import number, read_raw
 
     rows = [r for r in read_raw(csv_path) if r.get("status") == "ok"]
     if not rows:
@@ -159,7 +159,7 @@ def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dic
     out: list[tuple[dict[str, Any], str]] = []
     for r in rows:
         diff = [
-            f"{k} {r.get(k)} (here {want[k]})" for k in SAME_WORKLOAD if _int(r.get(k)) != want[k]
+            f"{k} {r.get(k)} (here {want[k]})" for k in SAME_WORKLOAD if number(r.get(k)) != want[k]
         ]
         if diff:
             raise UserError(
@@ -178,10 +178,3 @@ def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dic
             (params_for(c, space), f"{CANDIDATES_FROM_ORIGIN} {csv_path.name} trial {r['trial']}")
         )
     return out
-
-
-def _int(v: Any) -> int | None:
-    try:
-        return int(float(v))
-    except (TypeError, ValueError):
-        return None
