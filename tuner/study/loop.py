@@ -17,7 +17,7 @@ import optuna
 
 from tuner import recipes
 from tuner.errors import UserError
-from tuner.results import Status, TrialRecord, rank, row_of
+from tuner.results import Status, TrialRecord, number, rank, row_of
 from tuner.runners import pinned_knobs
 from tuner.space import Candidate, SearchSpace, sample
 from tuner.study.grid import candidates_from_params, hand_grid_params, verl_example_params
@@ -357,7 +357,10 @@ def _loop(
     measured = sum(r.measured_s or 0.0 for r in own)
     launch = sum(r.launch_s or 0.0 for r in own)
     total = sum(r.duration_s or 0.0 for r in own)
-    warmup = sum(_seconds(r.extra.get("warmup_s")) for r in own if r.measured_s)
+    # extra holds numbers in a live record, text in one read back
+    warmup = sum(
+        max(0.0, number(str(r.extra.get("warmup_s", ""))) or 0.0) for r in own if r.measured_s
+    )
     unmeasured = sum(r.duration_s or 0.0 for r in own if not r.measured_s)
     return StudySummary(
         name=req.name,
@@ -376,15 +379,6 @@ def _loop(
         other_s=max(0.0, total - measured - launch - warmup - unmeasured),
         notes=tuple(notes),
     )
-
-
-def _seconds(v: object) -> float:
-    """A number of seconds from a row's `extra` (text in rows read back), 0 where absent."""
-    try:
-        x = float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 0.0
-    return x if x > 0 else 0.0
 
 
 def _ok_rows(s: _Study) -> list[dict[str, str]]:
