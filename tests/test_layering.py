@@ -61,3 +61,18 @@ def test_the_layering_check_sees_a_csv_reader(tmp_path: Path) -> None:
         src = tmp_path / "m.py"
         src.write_text(line + "\n")
         assert _forbidden(src, CSV_READERS), line
+
+
+def test_optuna_is_used_through_its_public_api_only() -> None:
+    """Issue 20: no private Optuna attribute (a FrozenTrial's `_trial_id`, a Study's `_storage`);
+    a trial's id comes from the storage's public get_trial_id_from_study_id_trial_number."""
+    import re
+
+    private = re.compile(r"\.(_trial_id|_study_id)\b|\bstudy\._\w+|\bst\._storage\b")
+    found = [
+        f"{p.relative_to(TUNER)}:{n}: {line.strip()}"
+        for p in sorted(TUNER.rglob("*.py"))
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if private.search(line) and "self._study_id" not in line
+    ]
+    assert not found, found

@@ -154,7 +154,7 @@ class _Study:
         req = self.req
         with self.lock() as locked_:
             self.trials()
-            reclaim_interrupted(self.study, locked_, self.recover)
+            reclaim_interrupted(self.study, locked_, self.recover, self.storage)
             if (
                 (req.warm_start or req.hand_grid or req.verl_example or req.candidates_from)
                 and not self.study.user_attrs.get(WARM_START_ATTR)
@@ -289,7 +289,7 @@ def _loop(
     while deadline is None or time.monotonic() < deadline:
         with s.lock() as locked_:
             if time.monotonic() >= reclaim_at:  # workers that died while this one ran
-                reclaim_interrupted(s.study, locked_, s.recover)
+                reclaim_interrupted(s.study, locked_, s.recover, s.storage)
                 reclaim_at = time.monotonic() + HEARTBEAT_S
             ts = s.trials()
             done = s.counted(ts)

@@ -339,7 +339,12 @@ Recover = Callable[[optuna.trial.FrozenTrial], TrialRecord | None]
 measurement, `Runner.recover`), or None."""
 
 
-def reclaim_interrupted(study: optuna.Study, locked_: bool, recover: Recover | None = None) -> None:
+def reclaim_interrupted(
+    study: optuna.Study,
+    locked_: bool,
+    recover: Recover | None = None,
+    storage: optuna.storages.BaseStorage | None = None,
+) -> None:
     """Close the trials left RUNNING by dead workers.
 
     This host's workers whose process is gone are closed at once: a trial that stored its
@@ -350,16 +355,19 @@ def reclaim_interrupted(study: optuna.Study, locked_: bool, recover: Recover | N
     asked by a killed process too (ask and mark happen under the lock). Then any host's:
     Optuna fails each trial whose heartbeat is older than `GRACE_S` and the storage's callback
     enqueues its re-run. A FAIL trial with no record is what an interrupted trial is; the
-    study's view gives it its `interrupted` row."""
+    study's view gives it its `interrupted` row. `storage` (the study's) is where a recovered
+    record is stored; without it nothing is recovered."""
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         worker = str(t.user_attrs.get("worker", ""))
         if (worker and alive(worker)) or (not worker and not locked_):
             continue
         rec = record_of(t)
-        if rec is None and recover is not None:
+        if rec is None and recover is not None and storage is not None:
             rec = recover(t)
             if rec is not None and rec.status is Status.OK and rec.tokens_per_s_per_gpu:
-                store_record(optuna.Trial(study, t._trial_id), rec)
+                sid = storage.get_study_id_from_name(study.study_name)
+                tid = storage.get_trial_id_from_study_id_trial_number(sid, t.number)
+                store_record(optuna.Trial(study, tid), rec)
             else:
                 rec = None
         state = optuna.trial.TrialState.FAIL if rec is None else state_for(rec.status)
