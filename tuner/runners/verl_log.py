@@ -137,20 +137,18 @@ def measures(steps: dict[int, dict[str, float]], step: int = MEASURED_STEP) -> S
     data = steps.get(step)
     if not data or "perf/throughput" not in data:
         return None
-    out = {f: data[k] for f, k in FIELDS.items() if k in data}
-    for f, k in FIELDS.items():
-        if f not in out and ACTOR_PREFIX + k in data:
-            out[f] = data[ACTOR_PREFIX + k]
+    out = {f: v for f, k in FIELDS.items() if (v := _metric(data, k)) is not None}
     if "step_s" not in out and "timing_s/step" in data:
         out["step_s"] = data["timing_s/step"]
     if "perf/mfu/actor" in data:
         out["verl_mfu_actor_pct"] = 100.0 * data["perf/mfu/actor"]
-    extra = {
-        f: data[k] if k in data else data[ACTOR_PREFIX + k]
-        for f, k in EXTRA.items()
-        if k in data or ACTOR_PREFIX + k in data
-    }
+    extra = {f: v for f, k in EXTRA.items() if (v := _metric(data, k)) is not None}
     return StepMeasures(step=step, fields=out, extra=extra)
+
+
+def _metric(data: dict[str, float], key: str) -> float | None:
+    """A step's metric by its bare name, or as the trainer prefixed it (ACTOR_PREFIX)."""
+    return data.get(key, data.get(ACTOR_PREFIX + key))
 
 
 def last_step(steps: dict[int, dict[str, float]]) -> int:
