@@ -278,6 +278,11 @@ def test_run_summary_prints_the_time_split() -> None:
     assert (
         lines[2] == "wall time: 300 s in measured steps, 80 s launching, 20 s other (75% measuring)"
     )
+    rows = [{"trial": "1", "status": "ok", "source": "megatron", "extra": "measured=x"}]
+    with_rows = summary_text(SimpleNamespace(**{**base, "best_rows": rows}))
+    assert "tok/s/gpu covers: old_log_prob + update only, measured; generation not measured" in (
+        with_rows.splitlines()
+    )
     verl_like = SimpleNamespace(
         **base, measured_s=66.0, launch_s=720.0, warmup_s=238.0, unmeasured_s=476.0, other_s=33.0
     )

@@ -175,6 +175,7 @@ def summary_text(summary: Any) -> str:
     """What a finished `tune run` prints on stdout: the study, how its trials' wall time split,
     the best rows and the recipes (StudySummary fields this version may lack: getattr)."""
     from tuner.results import SHOW_COLUMNS, format_table
+    from tuner.results.scope import MEANINGS, scope_of
 
     lines = []
     if summary.resumed_from:
@@ -203,6 +204,11 @@ def summary_text(summary: Any) -> str:
         )
     if summary.best_rows:
         lines.append(format_table(summary.best_rows, [c for c in SHOW_COLUMNS if c != "reason"]))
+        rows = summary.best_rows
+        scopes = sorted({scope_of(r.get("source", ""), r.get("extra", "")) for r in rows})
+        covers = "; ".join(MEANINGS[sc] for sc in scopes if sc)
+        if covers:
+            lines.append(f"tok/s/gpu covers: {covers}")
     else:
         lines.append("no trial finished ok: see the reason column of the leaderboard")
     lines += [f"recipe: {p}" for p in summary.recipe_paths]
