@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tuner.errors import UserError
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec, get_model
-from tuner.space import Candidate, ParallelLayout
+from tuner.space import LAYOUT_DEGREES, Candidate, ParallelLayout
 from tuner.workload import Workload
 
 
@@ -107,7 +107,7 @@ def scale_layout(text: str, world: int) -> ParallelLayout | None:
         lay = ParallelLayout.parse(text, 1 << 20)
     except UserError:
         return None
-    deg = {k: getattr(lay, k) for k in ("tp", "pp", "vpp", "cp", "ep", "etp")}
+    deg = {k: getattr(lay, k) for k in LAYOUT_DEGREES}
     for _ in range(64):
         try:
             return ParallelLayout(world=world, **deg)

@@ -7,119 +7,33 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import UserError
-from tuner.results import SHORT_NAMES, Status
+from tuner.results import COLUMN_TYPES, SHORT_NAMES, Status
 
-INT_COLUMNS = frozenset(
-    {
-        "schema_version",
-        "trial",
-        "num_gpus",
-        "gpus_per_node",
-        "max_prompt_len",
-        "max_response_len",
-        "bs",
-        "mini_bs",
-        "n",
-        "tp",
-        "pp",
-        "vpp",
-        "cp",
-        "ep",
-        "etp",
-        "dp",
-        "recompute_num_layers",
-        "ppo_max_token_len_per_gpu",
-        "log_prob_max_token_len_per_gpu",
-        "ppo_micro_batch_size_per_gpu",
-        "log_prob_micro_batch_size_per_gpu",
-        "rollout_tp",
-        "max_num_batched_tokens",
-        "max_num_seqs",
-        "rollout_dp",
-        "rollout_ep",
-        "actor_budget",
-        "log_prob_budget",
-        "first_stage_layers",
-        "last_stage_layers",
-    }
-)
-"""Counts: typed as pandas' nullable Int64 (an empty cell is <NA>, not a float NaN)."""
+REFERENCE_INT_COLUMNS = frozenset({"actor_budget", "log_prob_budget"})
+"""Counts of the published reference CSVs only (their micro-batch or token budget columns:
+results.files.normalize_reference)."""
+REFERENCE_FLOAT_COLUMNS = frozenset({"rollout_s"})
+"""Times of the reference CSVs that our rows do not have."""
+REFERENCE_STRING_COLUMNS = frozenset({"contributor", "other"})
+"""Text of the reference CSVs only."""
 
-FLOAT_COLUMNS = frozenset(
-    {
-        "tokens_per_s_per_gpu",
-        "step_s",
-        "rollout_s",
-        "generation_s",
-        "old_log_prob_s",
-        "ref_s",
-        "update_actor_s",
-        "reshard_s",
-        "mfu_update_pct",
-        "verl_mfu_actor_pct",
-        "peak_mem_gib",
-        "peak_mem_reserved_gib",
-        "peak_mem_device_gib",
-        "launch_s",
-        "measured_s",
-        "duration_s",
-        "response_mean_len",
-        "gpu_memory_utilization",
-        "pred_tokens_per_s_per_gpu",
-        "pred_step_s",
-        "pred_generation_s",
-        "pred_old_log_prob_s",
-        "pred_ref_s",
-        "pred_update_actor_s",
-        "pred_reshard_s",
-        "pred_peak_mem_gib",
-        "pred_device_mem_gib",
-        "pred_device_mem_corrected_gib",
-        "pred_headroom_gib",
-        "pred_time_scale",
-        "pred_generation_scale",
-        "pred_old_log_prob_scale",
-        "pred_update_actor_scale",
-        "prompt_mean_len",
-    }
-)
+
+def _of_type(kind: type) -> frozenset[str]:
+    return frozenset(c for c, t in COLUMN_TYPES.items() if t is kind)
+
+
+INT_COLUMNS = _of_type(int) | REFERENCE_INT_COLUMNS
+"""Counts: typed as pandas' nullable Int64 (an empty cell is <NA>, not a float NaN). The
+leaderboard's int columns (results.COLUMN_TYPES: the record's and the knobs'), and the
+references'."""
+
+FLOAT_COLUMNS = _of_type(float) | REFERENCE_FLOAT_COLUMNS
 """Measures: float64 whatever the file holds, NaN where empty (so they are there to plot)."""
 
-STRING_COLUMNS = frozenset(
-    {
-        "study",
-        "status",
-        "reason",
-        "source",
-        "runner",
-        "model",
-        "gpu",
-        "backend",
-        "train_parallel",
-        "infer_parallel",
-        "pred_peak_phase",
-        "pred_bottleneck",
-        "workload",
-        "algorithm",
-        "recompute_granularity",
-        "recompute_method",
-        "hardware",
-        "versions",
-        "recipe",
-        "log_path",
-        "extra",
-        "started_at",
-        "finished_at",
-        "origin",
-        "file",
-        "storage",
-        "worker",
-        "pred_versions",
-        "contributor",
-        "other",
-    }
-)
-"""Text, never guessed as numbers (a study named `2` stays a name)."""
+STRING_COLUMNS = _of_type(str) | REFERENCE_STRING_COLUMNS | {"file"}
+"""Text, never guessed as numbers (a study named `2` stays a name); `file` is added by
+load_leaderboard. The true/false columns are not typed by name: a column of true and false is
+boolean, of other text text."""
 
 STATUS_ORDER = (*(s.value for s in Status), "no-data")
 """Category order of `status`: ours, then the reference CSVs' rows without numbers."""

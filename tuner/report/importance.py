@@ -12,6 +12,7 @@ from tuner import plots
 from tuner.errors import UserError, redact
 from tuner.report.markup import _e, _figure, _p, _table
 from tuner.report.study import Study, _mode
+from tuner.space import LAYOUT_DEGREES  # fANOVA scores them as ordered integers (log scale)
 
 MIN_IMPORTANCE_TRIALS = 4
 """Completed trials fANOVA needs before its importances mean anything."""
@@ -20,10 +21,6 @@ MAX_IMPORTANCE_CHOICES = 16
 """A categorical knob with more choices than this is left out of fANOVA: one-hot encoded, the
 search's `layout` (840 choices for qwen3-30b-moe on 32 GPUs) kept it running for over 18
 minutes on 80 trials. The layout is scored through its degrees instead (`LAYOUT_DEGREES`)."""
-
-LAYOUT_DEGREES = ("tp", "pp", "vpp", "cp", "ep", "etp")
-"""The layout's degrees as fANOVA scores them: ordered integers (log scale), from each trial's
-record."""
 
 MAX_IMPORTANCE_TRIALS = 2000
 """fANOVA is fitted on at most this many completed trials (the latest), so its time is bounded

@@ -15,7 +15,9 @@ from tuner import plots
 from tuner.leaderboard import PREDICTED_PRUNED
 from tuner.report.markup import _cell, _e, _figure, _has, _label, _p, _table
 from tuner.report.study import NOT_MEASURED_SOURCES, Study, median_abs_error, num
+from tuner.results import COLUMNS
 from tuner.results.scope import GEN_TRAIN, MEANINGS, TRAIN_ONLY
+from tuner.space import KNOB_GROUP_OF, KNOB_GROUP_ORDER
 
 TOP_PHASE_ROWS = 5
 """Best rows shown in the time-per-phase section (beside the references)."""
@@ -24,58 +26,19 @@ TOP_REFERENCE_ROWS = 3
 """Best reference rows of the study (and published ones on the same GPUs) shown there too."""
 
 
-KNOB_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("layout", ("train_parallel", "infer_parallel", "tp", "pp", "vpp", "cp", "ep", "etp", "dp")),
-    ("pipeline", ("first_stage_layers", "last_stage_layers")),
-    (
-        "memory",
-        (
-            "sequence_parallel",
-            "recompute_granularity",
-            "recompute_method",
-            "recompute_num_layers",
-            "recompute_modules",
-            "param_offload",
-            "optimizer_offload",
-        ),
-    ),
-    (
-        "batching",
-        (
-            "use_dynamic_bsz",
-            "ppo_max_token_len_per_gpu",
-            "log_prob_max_token_len_per_gpu",
-            "ppo_micro_batch_size_per_gpu",
-            "log_prob_micro_batch_size_per_gpu",
-        ),
-    ),
-    (
-        "rollout",
-        (
-            "rollout_tp",
-            "rollout_dp",
-            "rollout_ep",
-            "gpu_memory_utilization",
-            "max_num_batched_tokens",
-            "max_num_seqs",
-            "enforce_eager",
-        ),
-    ),
-    (
-        "kernels",
-        (
-            "use_fused_kernels",
-            "attention_backend",
-            "apply_rope_fusion",
-            "bias_activation_fusion",
-            "masked_softmax_fusion",
-            "gradient_accumulation_fusion",
-            "moe_grouped_gemm",
-            "moe_permute_fusion",
-            "moe_token_dispatcher_type",
-        ),
-    ),
-)
+LAYOUT_SUMMARY = ("train_parallel", "infer_parallel", "dp")
+"""The record's layout columns that are no knob (both layouts' notation, the derived dp): shown
+with the layout's degrees."""
+
+
+def _knob_groups() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Each knob group (tuner.space.KNOB_GROUP_ORDER) with its columns in the leaderboard's
+    order: the knob table says which group a knob is in."""
+    group_of = {**KNOB_GROUP_OF, **dict.fromkeys(LAYOUT_SUMMARY, "layout")}
+    return tuple((g, tuple(c for c in COLUMNS if group_of.get(c) == g)) for g in KNOB_GROUP_ORDER)
+
+
+KNOB_GROUPS = _knob_groups()
 """What the answer's knob table shows, by group (those the leaderboard has)."""
 
 

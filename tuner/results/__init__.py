@@ -18,6 +18,7 @@ from tuner.results.files import (
 )
 from tuner.results.record import (
     BOTH_PHASES_MFU,
+    COLUMN_TYPES,
     COLUMNS,
     MEASURE_COLUMNS,
     NUMERIC,
@@ -45,6 +46,7 @@ from tuner.results.table import (
 
 __all__ = [
     "BOTH_PHASES_MFU",
+    "COLUMN_TYPES",
     "COLUMNS",
     "HIGHER_IS_BETTER",
     "MEASURE_COLUMNS",

@@ -9,7 +9,7 @@ from typing import Any
 
 from tuner.errors import UserError
 from tuner.results.result import Status
-from tuner.space import CANDIDATE_FIELDS
+from tuner.space import CANDIDATE_FIELDS, KNOB_COLUMN_TYPES
 
 SCHEMA_VERSION = 3
 """3: one meaning per column: `mfu_update_pct` (the tuner's FLOP formula over the actor update)
@@ -352,12 +352,27 @@ def _parser_of(annotation: str) -> Any:
     return str
 
 
+def _type_of(annotation: str) -> type:
+    """A record field's value type as a CSV cell holds it (`extra` and the status are text)."""
+    base = annotation.replace(" ", "").split("|")[0]
+    return {"int": int, "float": float, "bool": bool}.get(base, str)
+
+
 _RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TrialRecord))
 _PARSE: dict[str, Any] = {f.name: _parser_of(str(f.type)) for f in fields(TrialRecord)}
-COLUMNS: tuple[str, ...] = (
-    "schema_version",
-    *(c for f in _RECORD_FIELDS for c in (CANDIDATE_FIELDS if f == "knobs" else (f,))),
-)
+COLUMN_TYPES: dict[str, type] = {
+    "schema_version": int,
+    **{
+        c: t
+        for f in fields(TrialRecord)
+        for c, t in (
+            KNOB_COLUMN_TYPES.items() if f.name == "knobs" else ((f.name, _type_of(str(f.type))),)
+        )
+    },
+}
+"""Every leaderboard column with the type of its cells, in the file's order: the record's fields
+in order, the knobs (tuner.space.KNOB_COLUMN_TYPES) in place of `knobs`."""
+COLUMNS: tuple[str, ...] = tuple(COLUMN_TYPES)
 """The leaderboard's columns: the record's fields in order, the knobs in place of `knobs`."""
 MEASURE_COLUMNS = tuple(
     f.name
@@ -367,17 +382,8 @@ MEASURE_COLUMNS = tuple(
     and f.name != "duration_s"
 )
 PRED_COLUMNS = tuple(f for f in _RECORD_FIELDS if f.startswith("pred_"))
-NUMERIC = {
-    *(f.name for f in fields(TrialRecord) if str(f.type).startswith(("float", "int"))),
-    "ppo_max_token_len_per_gpu",
-    "log_prob_max_token_len_per_gpu",
-    "ppo_micro_batch_size_per_gpu",
-    "log_prob_micro_batch_size_per_gpu",
-    "rollout_tp",
-    "gpu_memory_utilization",
-    "max_num_batched_tokens",
-    "recompute_num_layers",
-}
+NUMERIC = frozenset(c for c, t in COLUMN_TYPES.items() if t in (int, float))
+"""The columns of numbers (counts and measures, knobs included): a text table formats them."""
 _VERSION = str(SCHEMA_VERSION)
 
 

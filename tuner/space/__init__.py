@@ -24,7 +24,7 @@ from tuner.space.candidate import (
     ATTENTION_BACKENDS,
     CANDIDATE_FIELDS,
     ENFORCE_EAGER_CHOICES,
-    LAYOUT_FIELDS,
+    KNOB_COLUMN_TYPES,
     MAX_NUM_SEQS_CHOICES,
     MOE_DISPATCHER_CHOICES,
     MOE_DISPATCHERS,
@@ -56,6 +56,8 @@ from tuner.space.choices import (
 from tuner.space.knobs import (
     ACTOR,
     KNOB_BY_NAME,
+    KNOB_GROUP_OF,
+    KNOB_GROUP_ORDER,
     KNOBS,
     NEUTRAL_PRIOR,
     REF,
@@ -66,6 +68,8 @@ from tuner.space.knobs import (
     worker_args,
 )
 from tuner.space.layout import (
+    LAYOUT_DEGREES,
+    LAYOUT_FIELDS,
     ParallelLayout,
     balanced_split,
 )
@@ -106,7 +110,11 @@ __all__ = [
     "GPU_MEMORY_UTILIZATIONS",
     "KNOBS",
     "KNOB_BY_NAME",
+    "KNOB_COLUMN_TYPES",
+    "KNOB_GROUP_OF",
+    "KNOB_GROUP_ORDER",
     "Knob",
+    "LAYOUT_DEGREES",
     "LAYOUT_FIELDS",
     "LAYOUT_RULE_NAMES",
     "LOG_PROB_BUDGET_FACTORS",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from tuner.space.layout import ParallelLayout
+from tuner.space.layout import LAYOUT_DEGREES, LAYOUT_FIELDS, ParallelLayout
 
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -121,15 +121,9 @@ class Candidate:
         lay = self.layout
         return {
             "train_parallel": lay.notation,
-            "tp": lay.tp,
-            "pp": lay.pp,
-            "vpp": lay.vpp,
-            "cp": lay.cp,
-            "ep": lay.ep,
-            "etp": lay.etp,
+            **{k: getattr(lay, k) for k in LAYOUT_DEGREES},
             "dp": lay.dp,
-            "first_stage_layers": lay.first_stage_layers,
-            "last_stage_layers": lay.last_stage_layers,
+            **{k: getattr(lay, k) for k in SPLIT_FIELDS},
             **rec,
         }
 
@@ -138,8 +132,8 @@ class Candidate:
         """Inverse of to_record (values may be strings, as read from a CSV). Columns of knobs
         that no longer exist (`grad_offload` of schema-1 files) are ignored; knobs a file lacks
         take their defaults."""
-        deg = {k: int(rec[k]) for k in ("tp", "pp", "vpp", "cp", "ep", "etp")}
-        for k in ("first_stage_layers", "last_stage_layers"):
+        deg = {k: int(rec[k]) for k in LAYOUT_DEGREES}
+        for k in SPLIT_FIELDS:
             if rec.get(k) not in ("", None):
                 deg[k] = int(rec[k])
         lay = ParallelLayout(world=world, **deg)
@@ -164,10 +158,15 @@ _FIELD_TYPES: dict[str, type] = {
     for f in fields(Candidate)
     if f.name != "layout"
 }
-CANDIDATE_FIELDS = ("first_stage_layers", "last_stage_layers", *_FIELD_TYPES)
-"""CSV columns of the knobs besides the layout degrees: the uneven pipeline split, then the
-Candidate fields in declaration order."""
-LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "first_stage_layers", "last_stage_layers")
+SPLIT_FIELDS = tuple(f for f in LAYOUT_FIELDS if f not in LAYOUT_DEGREES)
+"""The layout's uneven pipeline split (first and last stage layers)."""
+KNOB_COLUMN_TYPES: dict[str, type] = {**{f: int for f in SPLIT_FIELDS}, **_FIELD_TYPES}
+"""The CSV columns of the knobs besides the layout degrees (the record's own fields), with their
+Python type: the uneven pipeline split, then the Candidate fields in declaration order. Every
+reader of knob columns (the record, the leaderboard's column types, the report) takes them from
+here."""
+CANDIDATE_FIELDS = tuple(KNOB_COLUMN_TYPES)
+"""The names of KNOB_COLUMN_TYPES, in order."""
 
 
 def modules_of(c: Candidate) -> tuple[str, ...]:

@@ -1,12 +1,13 @@
 """The knob table: every knob declared once (`KNOBS`).
 
-Each `Knob` names its Candidate field, the choices the sampler offers (derived from the model,
-cluster, workload and the values drawn before it: choices.py), its validity rules, the verl keys
-it sets, the argument of the megatron worker spec it maps to, and the term of the cost model that
-scores it. `sample()`, `params_for()`, `knob_overrides()` (hence the recipes and the verl
-runner), `validate()` and the CSV columns all read that table; adding a knob is one entry here
-plus its cost-model term (torchtitan's parallel_dims / Optuna's distributions: one declaration,
-many readers).
+Each `Knob` names its Candidate field, its group, the choices the sampler offers (derived from
+the model, cluster, workload and the values drawn before it: choices.py), its validity rules, the
+verl keys it sets, the argument of the megatron worker spec it maps to, and the term of the cost
+model that scores it. `sample()`, `params_for()`, `knob_overrides()` (hence the recipes and the
+verl runner), `validate()`, the CSV columns and their types (candidate.KNOB_COLUMN_TYPES) and
+the report's knob groups (`KNOB_GROUP_OF`) all read that table; adding a knob is one entry here
+and its Candidate field, plus its cost-model term (torchtitan's parallel_dims / Optuna's
+distributions: one declaration, many readers).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ ROLLOUT = "actor_rollout_ref.rollout"
 TF_CONFIG = "megatron.override_transformer_config"
 
 
+KNOB_GROUP_ORDER = ("layout", "pipeline", "memory", "batching", "rollout", "kernels")
+"""The knobs' groups (`Knob.group`), in the order the report shows them."""
+
+
 def _identity(v: Any, *_: Any) -> Any:
     return v
 
@@ -85,6 +90,8 @@ class Knob:
     """Candidate field (or ParallelLayout field; `layout` is the layout itself)."""
     help: str
     """One line for docs and `tune show`."""
+    group: str
+    """What it is about (KNOB_GROUP_ORDER): the report shows the knobs by group."""
     verl_keys: tuple[str, ...] = ()
     """Full dotted keys (actor and ref get the same value); a leading `+` adds a key verl's
     schema leaves open. Empty only for `layout` (its degrees are knobs of their own)."""
@@ -108,6 +115,13 @@ class Knob:
     """Value as verl wants it; None becomes `null`."""
     when: Callable[[Candidate, ModelSpec | None], bool] = _always
     """Whether the keys are emitted (e.g. recompute keys only when on, MoE keys on MoE models)."""
+
+    def __post_init__(self) -> None:
+        if self.group not in KNOB_GROUP_ORDER:
+            raise ValueError(
+                f"knob {self.name}: group {self.group!r} is not one of "
+                + ", ".join(KNOB_GROUP_ORDER)
+            )
 
     @property
     def sampler_param(self) -> str:
@@ -142,6 +156,7 @@ def _moe(c: Candidate, m: ModelSpec | None) -> bool:
 KNOBS: tuple[Knob, ...] = (
     Knob(
         name="layout",
+        group="layout",
         help="actor/ref parallel layout (degrees below)",
         cost="time: every training phase (_layout_lin, phase_times_of); memory: every shard",
         choices=lambda s, d: sorted(s.layouts),
@@ -150,6 +165,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="tp",
+        group="layout",
         help="tensor parallel",
         verl_keys=_both("megatron.tensor_model_parallel_size"),
         worker_arg="layout.tp",
@@ -157,6 +173,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="pp",
+        group="layout",
         help="pipeline parallel",
         verl_keys=_both("megatron.pipeline_model_parallel_size"),
         worker_arg="layout.pp",
@@ -164,6 +181,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="vpp",
+        group="layout",
         help="virtual pipeline stages (null = off)",
         verl_keys=_both("megatron.virtual_pipeline_model_parallel_size"),
         worker_arg="layout.vpp",
@@ -172,6 +190,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="first_stage_layers",
+        group="pipeline",
         help="layers of the first pipeline stage (0 = even split)",
         verl_keys=_tf("num_layers_in_first_pipeline_stage"),
         worker_arg="layout.first_stage_layers",
@@ -181,6 +200,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="last_stage_layers",
+        group="pipeline",
         help="layers of the last pipeline stage (0 = even split)",
         verl_keys=_tf("num_layers_in_last_pipeline_stage"),
         worker_arg="layout.last_stage_layers",
@@ -190,6 +210,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="cp",
+        group="layout",
         help="context parallel",
         verl_keys=_both("megatron.context_parallel_size"),
         worker_arg="layout.cp",
@@ -197,6 +218,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="ep",
+        group="layout",
         help="expert parallel",
         verl_keys=_both("megatron.expert_model_parallel_size"),
         worker_arg="layout.ep",
@@ -204,6 +226,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="etp",
+        group="layout",
         help="expert tensor parallel",
         verl_keys=_both("megatron.expert_tensor_parallel_size"),
         worker_arg="layout.etp",
@@ -211,6 +234,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="sequence_parallel",
+        group="memory",
         help="sequence parallel",
         verl_keys=_both("megatron.sequence_parallel"),
         worker_arg="layout.sp",
@@ -219,6 +243,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="moe_token_dispatcher_type",
+        group="kernels",
         help="MoE token dispatcher",
         verl_keys=_tf("moe_token_dispatcher_type"),
         worker_arg="transformer.moe_token_dispatcher_type",
@@ -228,6 +253,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="moe_permute_fusion",
+        group="kernels",
         help="MoE fused permute",
         verl_keys=_tf("moe_permute_fusion"),
         worker_arg="transformer.moe_permute_fusion",
@@ -237,6 +263,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="recompute_granularity",
+        group="memory",
         help="activation recompute granularity",
         verl_keys=_tf("recompute_granularity", declared=True),
         worker_arg="recompute.granularity",
@@ -246,6 +273,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="recompute_method",
+        group="memory",
         help="full recompute method",
         verl_keys=_tf("recompute_method", declared=True),
         worker_arg="recompute.method",
@@ -257,6 +285,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="recompute_num_layers",
+        group="memory",
         help="full recompute layers",
         verl_keys=_tf("recompute_num_layers", declared=True),
         worker_arg="recompute.num_layers",
@@ -267,6 +296,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="recompute_modules",
+        group="memory",
         help="selective recompute modules",
         verl_keys=_tf("recompute_modules", declared=True),
         worker_arg="recompute.modules",
@@ -277,6 +307,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="moe_grouped_gemm",
+        group="kernels",
         help="MoE grouped GEMM",
         verl_keys=_tf("moe_grouped_gemm"),
         worker_arg="transformer.moe_grouped_gemm",
@@ -286,6 +317,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="param_offload",
+        group="memory",
         help="offload parameters and gradients",
         verl_keys=_both("megatron.param_offload"),
         worker_arg="offload.param",
@@ -294,6 +326,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="optimizer_offload",
+        group="memory",
         help="offload optimizer",
         verl_keys=(f"{ACTOR}.megatron.optimizer_offload",),
         worker_arg="offload.optimizer",
@@ -302,6 +335,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="use_fused_kernels",
+        group="kernels",
         help="verl fused log-prob kernels",
         verl_keys=("actor_rollout_ref.model.use_fused_kernels",),
         worker_arg="",
@@ -310,6 +344,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="apply_rope_fusion",
+        group="kernels",
         help="fused RoPE",
         verl_keys=_tf("apply_rope_fusion"),
         worker_arg="transformer.apply_rope_fusion",
@@ -318,6 +353,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="bias_activation_fusion",
+        group="kernels",
         help="fused bias + SwiGLU",
         verl_keys=_tf("bias_activation_fusion"),
         worker_arg="transformer.bias_activation_fusion",
@@ -326,6 +362,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="masked_softmax_fusion",
+        group="kernels",
         help="fused masked softmax (unfused attention backend only)",
         verl_keys=_tf("masked_softmax_fusion"),
         worker_arg="transformer.masked_softmax_fusion",
@@ -334,6 +371,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="gradient_accumulation_fusion",
+        group="kernels",
         help="wgrad accumulated in the GEMM",
         verl_keys=_tf("gradient_accumulation_fusion"),
         worker_arg="transformer.gradient_accumulation_fusion",
@@ -342,6 +380,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="attention_backend",
+        group="kernels",
         help="megatron attention backend",
         verl_keys=_tf("attention_backend", declared=True),
         worker_arg="transformer.attention_backend",
@@ -351,6 +390,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="use_dynamic_bsz",
+        group="batching",
         help="dynamic batch size",
         verl_keys=(
             f"{ACTOR}.use_dynamic_bsz",
@@ -363,6 +403,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="ppo_max_token_len_per_gpu",
+        group="batching",
         help="actor tokens per micro-batch per GPU",
         verl_keys=(f"{ACTOR}.ppo_max_token_len_per_gpu",),
         worker_arg="batch.max_token_len_per_gpu",
@@ -373,6 +414,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="log_prob_max_token_len_per_gpu",
+        group="batching",
         help="log-prob tokens per micro-batch per GPU",
         verl_keys=(
             f"{REF}.log_prob_max_token_len_per_gpu",
@@ -385,6 +427,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="ppo_micro_batch_size_per_gpu",
+        group="batching",
         help="actor samples per micro-batch per GPU",
         verl_keys=(f"{ACTOR}.ppo_micro_batch_size_per_gpu",),
         worker_arg="batch.micro_batch_size_per_gpu",
@@ -398,6 +441,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="log_prob_micro_batch_size_per_gpu",
+        group="batching",
         help="log-prob samples per micro-batch per GPU",
         verl_keys=(
             f"{REF}.log_prob_micro_batch_size_per_gpu",
@@ -415,6 +459,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="rollout_tp",
+        group="rollout",
         help="vLLM tensor parallel (may span nodes)",
         verl_keys=(f"{ROLLOUT}.tensor_model_parallel_size",),
         cost="time: _generation engines, _decode_step_s TP all-reduce (inter-node beyond a node)",
@@ -422,6 +467,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="rollout_dp",
+        group="rollout",
         help="vLLM data parallel inside a replica (MoE)",
         verl_keys=(f"{ROLLOUT}.data_parallel_size",),
         cost="time: _decode_step_s expert weights over tp*dp and their collectives",
@@ -433,6 +479,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="rollout_ep",
+        group="rollout",
         help="vLLM expert parallel (1 or tp*dp)",
         verl_keys=(f"{ROLLOUT}.expert_parallel_size",),
         cost="time: _decode_step_s all-to-all instead of expert-TP all-reduce",
@@ -443,6 +490,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="gpu_memory_utilization",
+        group="rollout",
         help="vLLM memory share",
         verl_keys=(f"{ROLLOUT}.gpu_memory_utilization",),
         cost="memory: KV cache -> time: _generation concurrency",
@@ -451,6 +499,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="max_num_batched_tokens",
+        group="rollout",
         help="vLLM tokens per scheduler step",
         verl_keys=(f"{ROLLOUT}.max_num_batched_tokens",),
         cost="time: _generation concurrency bound; memory: vLLM activations",
@@ -463,6 +512,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="max_num_seqs",
+        group="rollout",
         help="vLLM sequences per engine at once",
         verl_keys=(f"{ROLLOUT}.max_num_seqs",),
         cost="time: _generation concurrency (busy phase steps); memory: sampler logits",
@@ -470,6 +520,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="enforce_eager",
+        group="rollout",
         help="vLLM without CUDA graphs",
         verl_keys=(f"{ROLLOUT}.enforce_eager",),
         cost="time: _decode_step_s launch term (eager: every kernel launched from Python; "
@@ -479,6 +530,9 @@ KNOBS: tuple[Knob, ...] = (
     ),
 )
 KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
+KNOB_GROUP_OF: dict[str, str] = {k.name: k.group for k in KNOBS if k.name != "layout"}
+"""Each knob's CSV column (the record's layout degrees, then KNOB_COLUMN_TYPES) -> its group;
+the layout itself is the record's `train_parallel` column."""
 NEUTRAL_PRIOR = "neutral prior"
 """Prefix of `Knob.cost` for knobs the cost model scores alike on purpose."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from tuner.errors import UserError
 
@@ -176,6 +176,11 @@ class ParallelLayout:
         return layout
 
 
+LAYOUT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelLayout) if f.name != "world")
+"""The layout's knobs, as ParallelLayout declares them: the degrees, then the pipeline split."""
+LAYOUT_DEGREES: tuple[str, ...] = tuple(f for f in LAYOUT_FIELDS if not f.endswith("_layers"))
+"""The layout's parallel degrees (tp, pp, vpp, cp, ep, etp); dp follows from them and the
+world."""
 LAYOUT_EXAMPLES = "tp4pp2vpp2, tp2cp2, tp4ep8, dp8 or pp8first10last12"
 """What a layout looks like, for the messages of everything that reads one."""
 
