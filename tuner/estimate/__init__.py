@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.estimate.context import get_context
-from tuner.estimate.device import DEFAULT_HEADROOM_GIB, device_unfit
+from tuner.estimate.device import DEVICE_OF, phases_unfit
 from tuner.estimate.logits import DEFAULT_VERL
 from tuner.estimate.memory import MemoryBreakdown, memory_of
 from tuner.estimate.profile import Profile, load_profile, save_profile
@@ -68,8 +68,10 @@ class Estimate:
     """Caching-allocator slack (reserved - allocated) inside device_peak_gib."""
     outside_gib: float = 0.0
     """Outside PyTorch inside device_peak_gib: CUDA context and NCCL buffers."""
-    headroom_gib: float = 0.0
-    """Kept free below the capacity when `fits` was decided (device + headroom <= capacity)."""
+    headroom_gib: float | None = None
+    """Kept free below the capacity by every phase when `fits` was decided (a phase's device
+    total + headroom <= capacity): the study's --headroom-gib; None: each phase's own
+    (device.phase_headroom_gib)."""
 
     def as_dict(self) -> dict[str, object]:
         d = {k: getattr(self, k) for k in self.__slots__ if k != "memory"}  # type: ignore[attr-defined]
@@ -89,9 +91,10 @@ def estimate(
     verl_logits: str = DEFAULT_VERL,
 ) -> Estimate:
     """Predicted phase times, throughput, MFU and per-phase peak memory of candidate `c`; it fits
-    when its device total plus `headroom_gib` (default device.DEFAULT_HEADROOM_GIB) is at most
-    the GPU's memory and vLLM has room for one sequence. `verl_logits`: the verl release whose
-    full-logits passes are counted (estimate/logits.py; the installed one's by default)."""
+    when each phase's device total plus `headroom_gib` (default: the phase's own,
+    device.phase_headroom_gib) is at most the GPU's memory and vLLM has room for one sequence.
+    `verl_logits`: the verl release whose full-logits passes are counted (estimate/logits.py;
+    the installed one's by default)."""
     ctx = get_context(m, cl, w, profile or _DEFAULT_PROFILE)
     t = phase_times_of(ctx, c, verl_logits)
     mem = memory_of(ctx, c, t.n_micro_update, verl_logits)
@@ -99,10 +102,11 @@ def estimate(
     gpus = cl.num_gpus
     peak = mem.peak_gib
     capacity = cl.gpu.memory_gib
-    headroom = DEFAULT_HEADROOM_GIB if headroom_gib is None else headroom_gib
     device = mem.device_peak_gib
     phase = mem.device_peak_phase
-    reason = device_unfit(device, capacity, headroom, phase)
+    reason = phases_unfit(
+        {p: getattr(mem, f) for p, f in DEVICE_OF.items()}, capacity, headroom_gib
+    )
     if not reason and step == float("inf"):
         reason = (
             f"vLLM has {max(0.0, mem.kv_cache_gib):.1f} GiB for KV cache, less than one "
@@ -132,7 +136,7 @@ def estimate(
         device_peak_phase=phase,
         slack_gib=_slack_of(mem, phase),
         outside_gib=mem.overhead_gib,
-        headroom_gib=headroom,
+        headroom_gib=headroom_gib,
     )
 
 

@@ -14,13 +14,14 @@ not on PyTorch's allocated peak. Per GPU:
 - context: the CUDA context and the kernel images loaded into it, per process;
 - nccl: the buffers of each NCCL communicator the rank belongs to and uses (`nccl_gib`).
 
-`DEFAULT_HEADROOM_GIB` is what `tuner.fit.memory.fit_memory` gives on the committed
-leaderboards (scripts/memory_fit.py); what a study learns from its own trials is
-`tuner.fit.online.MemoryGuard`.
+The headroom kept below the capacity depends on the phase (`PHASE_HEADROOM_GIB`, fitted by
+`tuner.fit.memory.fit_phase_headroom` on the committed leaderboards, scripts/memory_fit.py);
+what a study learns from its own trials is `tuner.fit.online.MemoryGuard`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -109,16 +110,34 @@ measurable with expandable segments (the fit above)."""
 MIN_HEADROOM_GIB = 2.0
 """The least headroom pruning keeps: allocations the model does not see (a lazily connected
 NCCL algorithm, the allocator's next segment, another process on the GPU) come in GiB steps."""
-DEFAULT_HEADROOM_GIB = 2.0
-"""Headroom below the GPU's capacity that pruning keeps by default. Set by `fit_memory`
-(tuner.fit.memory) of the raw model on the first device-measured leaderboards (21 rows, the
-copies in tests/data/memory): largest under-prediction 0.85 GiB + HEADROOM_MARGIN_GIB, so
-MIN_HEADROOM_GIB, every OOM row unfit. On the re-made leaderboards of results/ (37 rows,
-scripts/memory_fit.out.txt) the same fit asks 3.80 GiB (moe8k trial 11: 106.3 GiB measured,
-103.0 predicted), but above 2.02 GiB four published runs that completed on H100s
-(tests/data/anchors: dapo_moe30b trial 8, grpo_qwen2.5_7b trials 2, 3, 7; 76.0-77.6 GiB
-predicted) would be pruned: no one headroom serves both, so the default stays and a study's
-memory guard (tuner.fit.online) learns its own from its measured rows."""
+PHASE_HEADROOM_GIB = {"generation": 2.0, "old_log_prob": 2.0, "update_actor": 3.8}
+"""Headroom below the GPU's capacity that pruning keeps by default, per phase: a phase's device
+total + its headroom must fit (`phase_headroom_gib`). Fitted by scripts/memory_fit.py (output
+committed in scripts/memory_fit.out.txt; `tuner.fit.memory.fit_phase_headroom`: per phase,
+`fit_memory` of the raw model over the rows whose predicted device total peaks in it) on the 37
+device-measured rows of results/ and the published runs of tests/data/anchors.
+
+One headroom served neither: the rows' largest under-prediction asks 3.80 GiB (moe8k trial 11:
+106.3 GiB measured, 103.0 predicted, + HEADROOM_MARGIN_GIB), and above 2.02 GiB four published runs
+that completed on an H100 (79.6 GiB) would be pruned (dapo_moe30b trial 8 at 77.6 GiB,
+grpo_qwen2.5_7b trials 2, 3, 7 at 76.0-76.4 GiB). Of the splits tried (MoE or dense, 16k
+sequences, offload, expert parallel, recompute, the GPU, the peak phase), only the phase that
+peaks separates them: every row under-predicted by more than 1 GiB (8 of the 32 that peak in
+update_actor: moe8k trial 11 +3.30, small16k trials 4, 5, 15, 31, 41, 51, 52 +1.30..+2.14) peaks
+in update_actor, the phase of the backward's and the optimizer's transients (all 8 have 27-41
+GiB of them); the 5 rows that peak in old_log_prob are under-predicted by at most 0.90 GiB, and
+the four tight published runs peak in old_log_prob (dapo_moe30b 8) and generation (grpo 2, 3, 7:
+vLLM's fixed share), where no measured row asks more than MIN_HEADROOM_GIB. The published runs'
+update_actor totals leave at least 9.2 GiB free (dapo_moe30b trial 4), so 3.8 GiB there prunes
+none of them, and every OOM row stays unfit (all are predicted above the capacity). Not fitted:
+the verl runner's rows of results/verl4k-h100-x1.csv (nvidia-smi's device peak, sampled over the
+whole trial and its processes) are 2.8-4.5 GiB above the whole step's predicted total (listed in
+the output)."""
+
+
+def phase_headroom_gib(phase: str) -> float:
+    """The default headroom of a phase (PHASE_HEADROOM_GIB; MIN_HEADROOM_GIB for any other)."""
+    return PHASE_HEADROOM_GIB.get(phase, MIN_HEADROOM_GIB)
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,11 +250,27 @@ def device_unfit(device_gib: float, capacity_gib: float, headroom_gib: float, ph
     )
 
 
-_DEVICE_OF = {
+def phases_unfit(
+    devices_gib: Mapping[str, float], capacity_gib: float, headroom_gib: float | None
+) -> str:
+    """Why the phases' device totals do not fit ('' if they do): the phase that passes the
+    capacity by the most, each with `headroom_gib` (a study's --headroom-gib), else with its
+    own `phase_headroom_gib`."""
+    worst, why = 0.0, ""
+    for phase, device in devices_gib.items():
+        h = phase_headroom_gib(phase) if headroom_gib is None else headroom_gib
+        over = device + h - capacity_gib
+        if over > worst:
+            worst, why = over, device_unfit(device, capacity_gib, h, phase)
+    return why
+
+
+DEVICE_OF = {
     "generation": "generation_device_gib",
     "old_log_prob": "log_prob_device_gib",
     "update_actor": "update_device_gib",
 }
+"""Phase -> the MemoryBreakdown field of its device total."""
 _ALLOCATED_OF = {
     "generation": "generation_peak_gib",
     "old_log_prob": "log_prob_peak_gib",
@@ -253,12 +288,13 @@ def memory_view(
 ) -> tuple[float, float, str, str]:
     """(allocated peak, device total, its phase, why unfit or '') over the `phases` a runner
     runs; `drop_reference` leaves out the reference model's weights (a runner that builds none).
-    Unfit: device + headroom > the GPU's memory; the headroom is `headroom_gib`, else the one
-    `pred` was estimated with (`estimate(headroom_gib=...)`: one headroom per prediction, the
-    study's --headroom-gib where it gave one)."""
+    Unfit: a phase's device total + headroom > the GPU's memory; the headroom is `headroom_gib`,
+    else the one `pred` was estimated with (`estimate(headroom_gib=...)`: the study's
+    --headroom-gib where it gave one), else each phase's own (`phase_headroom_gib`)."""
     mem = pred.memory
     ref = mem.reference_gib if drop_reference else 0.0
-    device, phase = max((getattr(mem, _DEVICE_OF[p]) - ref, p) for p in phases)
+    devices = {p: getattr(mem, DEVICE_OF[p]) - ref for p in phases}
+    device, phase = max((d, p) for p, d in devices.items())
     peak = max(getattr(mem, _ALLOCATED_OF[p]) - ref for p in phases)
     headroom = pred.headroom_gib if headroom_gib is None else headroom_gib
-    return peak, device, phase, device_unfit(device, cluster.gpu.memory_gib, headroom, phase)
+    return peak, device, phase, phases_unfit(devices, cluster.gpu.memory_gib, headroom)

@@ -1,20 +1,22 @@
 """Fit the memory model's correction and headroom to measured leaderboard rows.
 
 `fit_memory` fits a correction (scale, offset) and a headroom to measured rows (whatever of
-allocated / reserved / device they carry); `rows_from_leaderboards` predicts the ok and OOM rows
-of leaderboards afresh. `tuner.estimate.device.DEFAULT_HEADROOM_GIB` is that fit on the committed
-leaderboards (scripts/memory_fit.py). Rows a fit leaves out are named in the notes beside their
-file (tuner.fit.notes), not here.
+allocated / reserved / device they carry); `fit_phase_headroom` fits one headroom per phase the
+rows peak in; `rows_from_leaderboards` predicts the ok and OOM rows of leaderboards afresh, and
+`misjudged` says which of them a headroom prunes although they ran, or keeps although they ran
+out of memory. `tuner.estimate.device.PHASE_HEADROOM_GIB` is `fit_phase_headroom` on the
+committed leaderboards (scripts/memory_fit.py). Rows a fit leaves out are named in the notes
+beside their file (tuner.fit.notes), not here.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.estimate.device import MIN_HEADROOM_GIB, memory_view
+from tuner.estimate.device import DEVICE_OF, MIN_HEADROOM_GIB, memory_view, phases_unfit
 from tuner.fit.notes import excluded_rows
 from tuner.fit.validate import load_cases
 from tuner.results import number, read_rows
@@ -43,6 +45,10 @@ class MemoryRow:
     """Predicted device - reserved (CUDA context, NCCL): added to a reserved measure."""
     predicted_slack_gib: float = 0.0
     """Predicted reserved - allocated: added, with the outside part, to an allocated measure."""
+    devices_gib: dict[str, float] = field(default_factory=dict)
+    """Predicted device total of each phase the runner runs (the largest is `predicted_gib`)."""
+    label: str = ""
+    """The row's `study:trial` (validate.Case.label)."""
 
     def __post_init__(self) -> None:
         if not (self.predicted_gib > 0 and self.capacity_gib > 0):
@@ -66,6 +72,11 @@ class MemoryRow:
                 self.measured_allocated_gib + self.predicted_slack_gib + self.predicted_outside_gib
             )
         return None
+
+    @property
+    def phase(self) -> str:
+        """The phase whose predicted device total is the largest ('' when not given)."""
+        return max(self.devices_gib, key=self.devices_gib.__getitem__) if self.devices_gib else ""
 
     @property
     def level(self) -> str:
@@ -173,6 +184,30 @@ def fit_memory(
     )
 
 
+def fit_phase_headroom(rows: Iterable[MemoryRow]) -> dict[str, float]:
+    """Headroom per phase: `fit_memory` of the raw model over the rows whose predicted device
+    total peaks in that phase (their largest under-prediction + HEADROOM_MARGIN_GIB, at least
+    MIN_HEADROOM_GIB, enough for their OOM rows); MIN_HEADROOM_GIB for a phase no row peaks in."""
+    rs = list(rows)
+    return {
+        p: fit_memory([r for r in rs if r.phase == p], fit_scale=False).headroom_gib
+        for p in DEVICE_OF
+    }
+
+
+def misjudged(
+    rows: Iterable[MemoryRow], headroom_gib: float | None
+) -> tuple[list[MemoryRow], list[MemoryRow]]:
+    """(rows that ran but that pruning would prune, OOM rows that pruning would keep), each row
+    checked as pruning checks a candidate: every phase of `devices_gib` with `headroom_gib`,
+    else with its own (device.phase_headroom_gib)."""
+    rs = [r for r in rows if r.devices_gib]
+    unfit = [bool(phases_unfit(r.devices_gib, r.capacity_gib, headroom_gib)) for r in rs]
+    pruned = [r for r, u in zip(rs, unfit, strict=True) if u and not r.oom]
+    kept = [r for r, u in zip(rs, unfit, strict=True) if r.oom and not u]
+    return pruned, kept
+
+
 def rows_from_leaderboards(
     paths: Iterable[Path], *, exclude: Mapping[str, str] | None = None
 ) -> list[MemoryRow]:
@@ -200,6 +235,7 @@ def rows_from_leaderboards(
                 e, case.cluster, phases=phases, drop_reference=megatron
             )
             mem = e.memory
+            ref = mem.reference_gib if megatron else 0.0
             slack = {"update_actor": mem.slack_gib, "old_log_prob": mem.log_prob_slack_gib}
             out.append(
                 MemoryRow(
@@ -211,6 +247,8 @@ def rows_from_leaderboards(
                     measured_allocated_gib=number(row.get("peak_mem_gib")),
                     predicted_outside_gib=mem.overhead_gib,
                     predicted_slack_gib=slack.get(phase, 0.0),
+                    devices_gib={p: getattr(mem, DEVICE_OF[p]) - ref for p in phases},
+                    label=case.label,
                 )
             )
     return out

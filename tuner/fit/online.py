@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tuner.estimate.device import DEFAULT_HEADROOM_GIB
+from tuner.estimate.device import phase_headroom_gib
 
 TIME_SCALE_BOUNDS = (0.05, 20.0)
 """A learned measured/predicted time ratio is clipped to this range (a wild row cannot make
@@ -70,8 +70,9 @@ class MemoryGuard:
     A multiplicative correction `scale` = the median of measured/predicted over the trials that
     ran (bounded by MEMORY_SCALE_BOUNDS; 1 before any). An OOM at raw prediction P makes every
     candidate whose corrected prediction is >= corrected(P) - OOM_MARGIN_GIB unfit for the rest
-    of the study; every candidate whose corrected prediction + headroom exceeds the capacity is
-    unfit."""
+    of the study; every candidate whose corrected prediction + the headroom of its peak phase
+    (`headroom_for`: the study's, else the cost model's `phase_headroom_gib`) exceeds the capacity
+    is unfit."""
 
     def __init__(self, capacity_gib: float, headroom_gib: float | None = None) -> None:
         if not capacity_gib > 0:
@@ -81,14 +82,19 @@ class MemoryGuard:
                 f"headroom_gib must lie in [0, capacity {capacity_gib}), got {headroom_gib}"
             )
         self.capacity_gib = float(capacity_gib)
-        self._headroom = DEFAULT_HEADROOM_GIB if headroom_gib is None else float(headroom_gib)
+        self._headroom = None if headroom_gib is None else float(headroom_gib)
         self._ratios: list[float] = []
         self._oom_raw: list[float] = []
 
     @property
-    def headroom_gib(self) -> float:
-        """GiB kept free below the capacity (the study's, else DEFAULT_HEADROOM_GIB)."""
+    def headroom_gib(self) -> float | None:
+        """GiB the study keeps free below the capacity (--headroom-gib); None: per phase."""
         return self._headroom
+
+    def headroom_for(self, phase: str) -> float:
+        """GiB kept free below the capacity when a candidate peaks in `phase`: the study's, else
+        the cost model's default for the phase (tuner.estimate.device.phase_headroom_gib)."""
+        return phase_headroom_gib(phase) if self._headroom is None else self._headroom
 
     @property
     def scale(self) -> float:
@@ -123,8 +129,9 @@ class MemoryGuard:
         """The prediction after what the study learned."""
         return self.scale * predicted_gib
 
-    def unfit(self, predicted_gib: float) -> str:
-        """'' when a candidate predicted at `predicted_gib` may launch; else why not, one line."""
+    def unfit(self, predicted_gib: float, phase: str) -> str:
+        """'' when a candidate predicted at `predicted_gib`, peaking in `phase`, may launch; else
+        why not, one line."""
         c = self.corrected_gib(predicted_gib)
         ceiling = self.oom_ceiling_gib
         if c >= ceiling:
@@ -132,9 +139,10 @@ class MemoryGuard:
                 f"device {c:.1f} GiB (corrected x{self.scale:.2f}) >= {ceiling:.1f} GiB, "
                 f"{OOM_MARGIN_GIB:.1f} GiB below a trial that ran out of memory"
             )
-        if c + self._headroom > self.capacity_gib:
+        h = self.headroom_for(phase)
+        if c + h > self.capacity_gib:
             return (
-                f"device {c:.1f} GiB (corrected x{self.scale:.2f}) + headroom "
-                f"{self._headroom:.1f} GiB > {self.capacity_gib:.1f} GiB"
+                f"device {c:.1f} GiB in {phase} (corrected x{self.scale:.2f}) + headroom "
+                f"{h:.1f} GiB > {self.capacity_gib:.1f} GiB"
             )
         return ""

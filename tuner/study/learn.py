@@ -169,17 +169,17 @@ class StudyLearner:
         t = self.launch_cost_s + predicted_measured_s * self.time_scale * MEASURE_MARGIN
         return min(cap_s, max(MIN_TIMEOUT_S, t))
 
-    def fit(self, predicted_device_gib: float) -> tuple[float, str]:
-        """(the guard's corrected device prediction, why it does not fit: '' if it fits)."""
+    def fit(self, predicted_device_gib: float, phase: str) -> tuple[float, str]:
+        """(the guard's corrected device prediction, why it does not fit: '' if it fits) of a
+        candidate whose device total peaks in `phase`."""
         return (
             float(self.guard.corrected_gib(predicted_device_gib)),
-            str(self.guard.unfit(predicted_device_gib)),
+            str(self.guard.unfit(predicted_device_gib, phase)),
         )
 
-    @property
-    def effective_headroom_gib(self) -> float | None:
-        h = getattr(self.guard, "headroom_gib", self.headroom_gib)
-        return None if h is None else float(h)
+    def headroom_for(self, phase: str) -> float:
+        """The headroom the guard keeps for a candidate peaking in `phase`."""
+        return float(self.guard.headroom_for(phase))
 
 
 class SlowerThanBestPruner(optuna.pruners.BasePruner):

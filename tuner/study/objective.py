@@ -62,7 +62,9 @@ class Proposal:
     """Predicted device total (raw; the PyTorch peak where the model has no device total)."""
     corrected_device_gib: float
     """After the study's memory guard."""
-    headroom_gib: float | None
+    headroom_gib: float
+    """Kept free below the capacity at its peak phase: the study's, else that phase's default
+    (the memory guard's `headroom_for`)."""
     time_scale: float
     unfit: str
     """Why it cannot run ('' if it can): the runner's model or the memory guard."""
@@ -79,7 +81,7 @@ def propose(req: TuneRequest, c: Candidate, learner: StudyLearner) -> Proposal:
     p = req.runner.predicted(e, req.cluster)
     scales = learner.phase_scales
     dev = p.device_gib or p.peak_gib
-    corrected, guard_unfit = learner.fit(dev)
+    corrected, guard_unfit = learner.fit(dev, p.phase)
     unfit = p.unfit or guard_unfit
     if unfit:
         unfit = f"predicted {unfit} of a {req.cluster.gpu.name}"
@@ -98,7 +100,7 @@ def propose(req: TuneRequest, c: Candidate, learner: StudyLearner) -> Proposal:
         predicted=p,
         device_gib=dev,
         corrected_device_gib=corrected,
-        headroom_gib=learner.effective_headroom_gib,
+        headroom_gib=learner.headroom_for(p.phase),
         time_scale=learner.time_scale,
         unfit=unfit,
         # the window's step count follows the steps as they will run (scaled), the limit is
