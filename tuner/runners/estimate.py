@@ -4,6 +4,7 @@ predictions, not measures."""
 
 from __future__ import annotations
 
+from tuner.fields import same_named
 from tuner.results import Status, TrialResult
 from tuner.runners.base import Runner, TrialSpec
 
@@ -30,12 +31,7 @@ class EstimateRunner(Runner):
         return TrialResult(
             status=Status.OK,
             source="estimate",
-            step_s=e.step_s,
-            generation_s=e.generation_s,
-            old_log_prob_s=e.old_log_prob_s,
-            ref_s=e.ref_s,
-            update_actor_s=e.update_actor_s,
-            reshard_s=e.reshard_s,
+            **same_named(e, TrialResult, skip=("peak_mem_gib",)),  # the times; memory below
             tokens_per_s_per_gpu=e.throughput_tokens_per_s_per_gpu,
             mfu_update_pct=e.mfu * 100,
             hardware="cost model",
