@@ -25,9 +25,11 @@ from tuner.runners.megatron_worker.result import (
     write_json_atomic,
 )
 from tuner.runners.megatron_worker.spec import (
+    LAYER_SPECS,
     PHASES,
     SCHEMA,
     BatchCfg,
+    KernelCfg,
     OffloadCfg,
     RecomputeCfg,
     WorkerSpec,
@@ -37,10 +39,12 @@ from tuner.runners.megatron_worker.spec import (
 
 __all__ = [
     "FLOPS_FORMULA",
+    "LAYER_SPECS",
     "PHASES",
     "SCHEMA",
     "STATUSES",
     "BatchCfg",
+    "KernelCfg",
     "OffloadCfg",
     "Progress",
     "RecomputeCfg",

@@ -176,7 +176,10 @@ def _fused_forward(
         weight = model.shared_embedding_or_output_weight()
     else:
         weight = model.output_layer.weight
-    h = tensor_parallel.copy_to_tensor_model_parallel_region(hidden.squeeze(1))  # [t, h]
+    if model.config.sequence_parallel:  # the te layers only; as verl's fused forward gathers
+        h = tensor_parallel.gather_from_sequence_parallel_region(hidden).squeeze(1)  # [t, h]
+    else:
+        h = tensor_parallel.copy_to_tensor_model_parallel_region(hidden.squeeze(1))  # [t, h]
     lp, ent = _fused_fn().apply(h, weight, labels.reshape(-1))
     return lp.unsqueeze(0), ent.unsqueeze(0)
 

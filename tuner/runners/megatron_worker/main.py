@@ -88,7 +88,8 @@ def _trial(ctx: _Ctx | None, spec_path: Path, out: Path, files: Any, t0: float, 
         files=files,
         t_handover=t0,
         attn=ctx.attn,
-        experts=ctx.experts_for(spec.model.is_moe),
+        # the te layers bring their own experts (model.te_block_spec): no check for ours
+        experts=ctx.experts_for(spec.model.is_moe and spec.layer_spec == "local"),
     )
     if ctx.rank == 0:
         write_json_atomic(out, result.to_dict())

@@ -1,11 +1,15 @@
-"""The model of one trial: megatron's TransformerConfig from the spec, the local GPT layer spec
-with our flash core attention (and grouped-GEMM experts), the chunks of this pipeline rank,
-megatron's DDP and distributed optimizer as verl sets them up, and the teardown that lets the
-next trial of a pool build another model in the same processes."""
+"""The model of one trial: megatron's TransformerConfig from the spec, the layers (the local GPT
+layer spec with our flash core attention and grouped-GEMM experts, or transformer-engine's as
+verl builds them: `layer_spec` te), the chunks of this pipeline rank, megatron's DDP and
+distributed optimizer as verl sets them up, and the teardown that lets the next trial of a pool
+build another model in the same processes."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -16,7 +20,8 @@ CONFIG_MOE_GROUPED_GEMM = False
 """TransformerConfig.moe_grouped_gemm as the worker builds it, whatever the candidate's
 moe_grouped_gemm says: the local spec's experts are SequentialMLP, which our grouped-GEMM experts
 (experts.py) replace, so megatron-core's flag stays off (its GroupedMLP needs grouped_gemm / TE).
-megatron-core refuses what needs the flag on (recompute module moe_act: megatron_refusals)."""
+megatron-core refuses what needs the flag on (recompute module moe_act: megatron_refusals).
+The transformer-engine layers (layer_spec te) take the candidate's instead (te_kernel_kwargs)."""
 
 
 def config_kwargs(spec: WorkerSpec) -> dict[str, Any]:
@@ -85,15 +90,37 @@ def config_kwargs(spec: WorkerSpec) -> dict[str, Any]:
         deallocate_pipeline_outputs=True,
         init_method_std=0.02,
         **kw,
-    )
+    ) | te_kernel_kwargs(spec)
+
+
+def te_kernel_kwargs(spec: WorkerSpec) -> dict[str, Any]:
+    """The candidate's kernel choices over config_kwargs' local set, for the transformer-engine
+    layers only (the local layers keep theirs): fused RoPE (TE's fused_apply_rotary_pos_emb_thd,
+    megatron/core/models/common/embeddings/rope_utils.py), the SwiGLU fusion (mlp.py and
+    TEGroupedMLP, moe/experts.py), the attention backend (TEDotProductAttention's kernel:
+    LanguageModule._set_attention_backend sets NVTE_*_ATTN from it; AttnBackend's name here,
+    transformer_config converts it) and, on a MoE, TEGroupedMLP or SequentialMLP
+    (moe_grouped_gemm) and TE's fused permute (moe_permute_fusion, moe/moe_utils.py)."""
+    if spec.layer_spec != "te":
+        return {}
+    k = spec.kernels
+    kw: dict[str, Any] = {
+        "apply_rope_fusion": k.apply_rope_fusion,
+        "bias_activation_fusion": k.bias_activation_fusion,
+        "attention_backend": k.attention_backend,
+    }
+    if spec.model.is_moe:
+        kw.update(moe_grouped_gemm=k.moe_grouped_gemm, moe_permute_fusion=k.moe_permute_fusion)
+    return kw
 
 
 def transformer_config(spec: WorkerSpec, **overrides: Any) -> Any:
-    """megatron's TransformerConfig for the spec (local layers, no fused kernels that need
-    transformer-engine or apex)."""
+    """megatron's TransformerConfig for the spec (local layers: no fused kernels that need
+    transformer-engine or apex; te layers: the candidate's kernels, te_kernel_kwargs)."""
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import AttnBackend
 
     kw = {
         **config_kwargs(spec),
@@ -102,6 +129,8 @@ def transformer_config(spec: WorkerSpec, **overrides: Any) -> Any:
         "pipeline_dtype": torch.bfloat16,
         **overrides,
     }
+    if isinstance(kw.get("attention_backend"), str):
+        kw["attention_backend"] = AttnBackend[kw["attention_backend"]]
     return TransformerConfig(**kw)
 
 
@@ -125,8 +154,47 @@ def layer_spec(spec: WorkerSpec, core_attention: type, experts: type | None = No
     return ls
 
 
-def build_chunks(spec: WorkerSpec, config: Any, lspec: Any) -> tuple[list[Any], int]:
-    """This rank's GPTModel chunks (one per virtual stage) and the padded vocabulary."""
+def te_block_spec(config: Any, vp_stage: int | None) -> Any:
+    """The transformer-engine layers of one model chunk, as verl builds its actor: mbridge
+    0.15.1 (core/llm_bridge.py `_get_transformer_layer_spec`, the Qwen2/Qwen3 dense and MoE
+    bridges' path) and verl 0.9.1's own initializer (models/mcore/model_initializer.py) call
+    `get_gpt_decoder_block_spec(config, use_transformer_engine=True, vp_stage=vp_stage)`, which
+    builds `get_gpt_layer_with_transformer_engine_spec(num_experts, moe_grouped_gemm,
+    qk_layernorm, ...)` from the config (megatron/core/models/gpt/gpt_layer_specs.py) and keeps
+    this chunk's layers: TELayerNormColumnParallelLinear, TEDotProductAttention (packed THD
+    micro-batches through PackedSeqParams, context parallel in TE), TENorm for the q/k norms,
+    TEGroupedMLP or SequentialMLP of TE linears for the experts."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    return get_gpt_decoder_block_spec(config, use_transformer_engine=True, vp_stage=vp_stage)
+
+
+TE_ATTENTION_ENV = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+"""What megatron-core's LanguageModule._set_attention_backend sets from attention_backend; it
+refuses a value set before that differs (a pool's earlier trial), so each build starts clean."""
+
+
+def reset_te_attention() -> None:
+    """Let this trial's attention_backend decide TE's kernel: clear what an earlier trial of the
+    pool set, and have TE select its backend again at the next forward (its choice is cached by
+    the attention's shapes, not by the environment: dot_product_attention.py
+    `_attention_backends`)."""
+    for k in TE_ATTENTION_ENV:
+        os.environ.pop(k, None)
+    with contextlib.suppress(ImportError, AttributeError, KeyError, TypeError):
+        from transformer_engine.pytorch.attention.dot_product_attention import (
+            dot_product_attention as dpa,
+        )
+
+        dpa._attention_backends["backend_selection_requires_update"] = True
+
+
+def build_chunks(
+    spec: WorkerSpec, config: Any, lspec_of: Callable[[int | None], Any]
+) -> tuple[list[Any], int]:
+    """This rank's GPTModel chunks (one per virtual stage) and the padded vocabulary;
+    `lspec_of(vp_stage)` is the chunk's layer spec (a ModuleSpec is callable itself, so the
+    spec comes through a function, never a callable() test)."""
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
 
@@ -138,7 +206,7 @@ def build_chunks(spec: WorkerSpec, config: Any, lspec: Any) -> tuple[list[Any], 
         kwargs = {} if vp_stage is None else {"ignore_virtual": False, "vp_stage": vp_stage}
         return GPTModel(
             config=config,
-            transformer_layer_spec=lspec,
+            transformer_layer_spec=lspec_of(vp_stage),
             vocab_size=padded_vocab,
             max_sequence_length=max_len,
             pre_process=mpu.is_pipeline_first_stage(**kwargs),
@@ -154,8 +222,9 @@ def build_chunks(spec: WorkerSpec, config: Any, lspec: Any) -> tuple[list[Any], 
     return [build_chunk(None)], padded_vocab
 
 
-def build(spec: WorkerSpec, core_attention: type, experts: type | None) -> Any:
-    """(DDP chunks, optimizer, config, padded vocab) as verl builds its actor."""
+def build(spec: WorkerSpec, core_attention: type | None, experts: type | None) -> Any:
+    """(DDP chunks, optimizer, config, padded vocab) as verl builds its actor; the local layers
+    take our core attention and experts, the te layers neither."""
     import torch
     from megatron.core import tensor_parallel
     from megatron.core.distributed import (
@@ -167,7 +236,13 @@ def build(spec: WorkerSpec, core_attention: type, experts: type | None) -> Any:
     from megatron.core.transformer.module import Float16Module
 
     config = transformer_config(spec)
-    chunks, padded_vocab = build_chunks(spec, config, layer_spec(spec, core_attention, experts))
+    if spec.layer_spec == "te":
+        reset_te_attention()
+        chunks, padded_vocab = build_chunks(spec, config, partial(te_block_spec, config))
+    else:
+        assert core_attention is not None
+        local = layer_spec(spec, core_attention, experts)
+        chunks, padded_vocab = build_chunks(spec, config, lambda _vp_stage: local)
     for c in chunks:
         for p in c.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(p)

@@ -14,11 +14,20 @@ from typing import Any
 
 from tuner.errors import UserError
 from tuner.models import ModelSpec
-from tuner.space import RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS, ParallelLayout
+from tuner.space import (
+    ATTENTION_BACKENDS,
+    RECOMPUTE_GRANULARITIES,
+    RECOMPUTE_METHODS,
+    ParallelLayout,
+)
 
 SCHEMA = 2
 PHASES = ("old_log_prob", "update_actor")
 """The training-side phases of verl's step that the worker runs, in this order."""
+LAYER_SPECS = ("local", "te")
+"""The megatron-core layers the worker builds: `local` (megatron-core's local spec with the
+worker's flash core attention and grouped-GEMM experts, what the committed leaderboards ran) or
+`te` (transformer-engine layers, as verl builds its actor: model.te_block_spec)."""
 
 
 def _get(d: Mapping[str, Any], key: str, kind: type, where: str, default: Any = ...) -> Any:
@@ -118,6 +127,37 @@ class OffloadCfg:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class KernelCfg:
+    """The candidate's kernel choices the transformer-engine layers run (layer_spec te); the
+    local layers build their own fixed set (model.config_kwargs) and ignore these."""
+
+    apply_rope_fusion: bool = False
+    bias_activation_fusion: bool = False
+    moe_grouped_gemm: bool = False
+    """MoE: TEGroupedMLP (True) or SequentialMLP of TE linears (False)."""
+    moe_permute_fusion: bool = False
+    attention_backend: str = "auto"
+    """megatron-core AttnBackend name (TEDotProductAttention picks its kernel by it)."""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> KernelCfg:
+        w = "kernels"
+        k = cls(
+            apply_rope_fusion=_get(d, "apply_rope_fusion", bool, w, False),
+            bias_activation_fusion=_get(d, "bias_activation_fusion", bool, w, False),
+            moe_grouped_gemm=_get(d, "moe_grouped_gemm", bool, w, False),
+            moe_permute_fusion=_get(d, "moe_permute_fusion", bool, w, False),
+            attention_backend=_get(d, "attention_backend", str, w, "auto"),
+        )
+        if k.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"spec kernels.attention_backend {k.attention_backend!r} is not one of "
+                f"{', '.join(ATTENTION_BACKENDS)}"
+            )
+        return k
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BatchCfg:
     sequence_lengths: tuple[int, ...]
     """One step's samples (of the mini-batches run), prompt + response tokens each."""
@@ -181,6 +221,10 @@ class WorkerSpec:
     batch: BatchCfg
     use_fused_kernels: bool = False
     """verl's fused log-prob/entropy path (no full logits) instead of full vocab logits."""
+    layer_spec: str = "local"
+    """Which layers the worker builds (LAYER_SPECS); a spec without it is `local`."""
+    kernels: KernelCfg = KernelCfg()
+    """The kernel choices of the `te` layers (ignored by `local`)."""
     phases: tuple[str, ...] = PHASES
     steps: int = 3
     warmup_steps: int = 1
@@ -210,6 +254,8 @@ class WorkerSpec:
             offload=OffloadCfg.from_dict(d.get("offload") or {}),
             batch=BatchCfg.from_dict(d["batch"]),
             use_fused_kernels=_get(d, "use_fused_kernels", bool, "", False),
+            layer_spec=_get(d, "layer_spec", str, "", "local"),
+            kernels=KernelCfg.from_dict(d.get("kernels") or {}),
             phases=tuple(p for p in PHASES if p in phases),
             steps=_get(d, "steps", int, "", 3),
             warmup_steps=_get(d, "warmup_steps", int, "", 1),
@@ -228,6 +274,15 @@ class WorkerSpec:
     def check(self) -> None:
         """The rules the worker relies on (the runner's megatron_refusals has the full set)."""
         m, lay = self.model, self.layout
+        if self.layer_spec not in LAYER_SPECS:
+            raise ValueError(
+                f"spec layer_spec {self.layer_spec!r} is not one of {', '.join(LAYER_SPECS)}"
+            )
+        if lay.cp > 1 and self.layer_spec != "te":
+            raise ValueError(
+                f"cp ({lay.cp}) needs the transformer-engine layers (layer_spec te): the local "
+                "layers' flash core attention has no context parallelism"
+            )
         if lay.vpp > 1 and lay.pp == 1:
             raise ValueError(f"vpp ({lay.vpp}) needs pp > 1")
         stages = lay.stage_layers(m.num_layers)  # raises with megatron-core's rule
@@ -292,6 +347,8 @@ def spec_to_dict(spec: WorkerSpec) -> dict[str, Any]:
         "offload": asdict(spec.offload),
         "batch": {**asdict(spec.batch), "sequence_lengths": list(spec.batch.sequence_lengths)},
         "use_fused_kernels": spec.use_fused_kernels,
+        "layer_spec": spec.layer_spec,
+        "kernels": asdict(spec.kernels),
         "phases": list(spec.phases),
         "steps": spec.steps,
         "warmup_steps": spec.warmup_steps,

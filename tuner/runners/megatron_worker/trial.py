@@ -62,8 +62,36 @@ def plan_phase(spec: WorkerSpec, phase: str, dp: int) -> BatchPlan:
     )
 
 
+def te_padded_lengths(lens: list[int], tp: int, cp: int) -> list[int]:
+    """Each sequence padded as verl packs it for its TE layers (verl 0.9.1
+    models/mcore/util.py `preprocess_packed_seqs`): to a multiple of tp, or of tp*cp*2 with
+    context parallelism (each cp rank holds two of 2*cp equal chunks of every sequence)."""
+    align = tp * cp * 2 if cp > 1 else tp
+    return [n + (-n) % align for n in lens]
+
+
+def cp_positions(padded: list[int], cp: int, cp_rank: int) -> list[range]:
+    """The positions this cp rank holds of each padded sequence, in packing order: chunk
+    `cp_rank` and chunk `2*cp - 1 - cp_rank` of 2*cp (verl's load-balanced split for causal
+    attention; the whole sequence without context parallelism)."""
+    if cp == 1:
+        return [range(n) for n in padded]
+    out = []
+    for n in padded:
+        half = n // (2 * cp)
+        out += [
+            range(half * cp_rank, half * (cp_rank + 1)),
+            range(n - half * (cp_rank + 1), n - half * cp_rank),
+        ]
+    return out
+
+
 def make_inputs(spec: WorkerSpec, plan: BatchPlan, dp_rank: int, vocab: int, meter: Any) -> list:
-    """Per mini-batch, this rank's packed micro-batches on the GPU (made once, reused)."""
+    """Per mini-batch, this rank's packed micro-batches on the GPU (made once, reused). The
+    local layers take the sequences as they are; the te layers as verl hands them to TE:
+    padded (te_padded_lengths), this cp rank's chunks (cp_positions), the padded cumulative
+    lengths as both cu_seqlens and cu_seqlens_padded (one tensor: TE then sees no padding
+    between sequences and may use flash kernels, dot_product_attention.py pad_between_seqs)."""
     import torch
     from megatron.core import parallel_state as mpu
     from megatron.core.packed_seq_params import PackedSeqParams
@@ -71,11 +99,17 @@ def make_inputs(spec: WorkerSpec, plan: BatchPlan, dp_rank: int, vocab: int, met
     gen = torch.Generator(device="cuda")
     gen.manual_seed(spec.seed * 1000 + dp_rank)
     cp_group = mpu.get_context_parallel_group()
+    te, lay = spec.layer_spec == "te", spec.layout
     minis = []
     for m in range(plan.num_mini_batches):
         mbs = []
         for lens in plan.rank_micro_lengths(m, dp_rank):
-            t = sum(lens)
+            if te:
+                lens = te_padded_lengths(list(lens), lay.tp, lay.cp)
+                spans = cp_positions(lens, lay.cp, mpu.get_context_parallel_rank())
+            else:
+                spans = [range(n) for n in lens]
+            t = sum(len(r) for r in spans)
             cu = torch.tensor([0, *cumsum(lens)], dtype=torch.int32, device="cuda")
             psp = PackedSeqParams(
                 qkv_format="thd",
@@ -84,12 +118,14 @@ def make_inputs(spec: WorkerSpec, plan: BatchPlan, dp_rank: int, vocab: int, met
                 max_seqlen_q=max(lens),
                 max_seqlen_kv=max(lens),
                 cp_group=cp_group,
+                **({"cu_seqlens_q_padded": cu, "cu_seqlens_kv_padded": cu} if te else {}),
             )
+            pos = [torch.arange(r.start, r.stop, device="cuda") for r in spans]
             mbs.append(
                 {
                     "ids": torch.randint(0, vocab, (1, t), generator=gen, device="cuda"),
                     "labels": torch.randint(0, vocab, (1, t), generator=gen, device="cuda"),
-                    "pos": torch.cat([torch.arange(s, device="cuda") for s in lens]).unsqueeze(0),
+                    "pos": torch.cat(pos).unsqueeze(0),
                     "psp": psp,
                     "tokens": t,
                     "meter": meter,
@@ -146,7 +182,9 @@ def _measure(
         init_s = time.monotonic() - t0
         phase.name = "build"
         t0 = time.monotonic()
-        model, optimizer, _cfg, vocab = mdl.build(spec, core_attention_class(attn), experts[0])
+        te = spec.layer_spec == "te"
+        core = None if te else core_attention_class(attn)
+        model, optimizer, _cfg, vocab = mdl.build(spec, core, experts[0])
         state.update(model=model, optimizer=optimizer)
         if spec.use_fused_kernels:
             patch_fused(model)
@@ -254,8 +292,9 @@ def _measure(
             extra={
                 "init_s": round(init_s, 2),
                 "build_s": round(build_s, 2),
-                "attention": attn.name,
-                "experts": experts[1],
+                "layer_spec": spec.layer_spec,
+                "attention": te_attention(spec) if te else attn.name,
+                "experts": te_experts(spec) if te else experts[1],
                 "dp": lay.dp,
                 "padded_vocab_size": vocab,
                 "fused_kernels": spec.use_fused_kernels,
@@ -275,6 +314,19 @@ def _measure(
         freed = release_storages(*state.values(), devices=("cuda", "cpu"))
         state.clear()
         log(f"released {freed / 2**30:.1f} GiB of the trial's tensors")
+
+
+def te_attention(spec: WorkerSpec) -> str:
+    """The te layers' core attention as the row names it."""
+    return f"TEDotProductAttention (attention_backend={spec.kernels.attention_backend})"
+
+
+def te_experts(spec: WorkerSpec) -> str:
+    """The te layers' experts as the row names it ('' on a dense model), by megatron-core's
+    TESpecProvider.grouped_mlp_modules."""
+    if not spec.model.is_moe:
+        return ""
+    return "TEGroupedMLP" if spec.kernels.moe_grouped_gemm else "SequentialMLP (TE linears)"
 
 
 def more_steps(
