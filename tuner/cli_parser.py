@@ -23,6 +23,7 @@ from tuner.cli_args import (
     study_name,
     verl_override_text,
 )
+from tuner.megatron_layers import LAYER_SPEC_CHOICES
 
 DESCRIPTION = """\
 Find the fastest verl Megatron configuration for a model, an RL workload and a GPU count.
@@ -196,6 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
         "across trials with the same rollout settings, asleep while training runs) and ranks "
         "by generation + training; default: where vLLM imports and --model is a config.json "
         "path, else generation is predicted. --measure-generation without vLLM is an error",
+    )
+    g.add_argument(
+        "--layer-spec",
+        default="auto",
+        choices=LAYER_SPEC_CHOICES,
+        help="the layers the megatron runner builds: te (transformer-engine's, as verl builds "
+        "its actor; its fused kernels are searched) or local (megatron-core's local layers, as "
+        "the committed leaderboards ran); auto: te where transformer_engine imports (default)",
     )
     g.add_argument(
         "--storage",

@@ -73,7 +73,11 @@ def verl_runner_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def megatron_runner_options(args: argparse.Namespace) -> dict[str, Any]:
     """The megatron runner's options (also for `--runner auto`, which may choose it)."""
-    return {"generation": args.measure_generation, "model_config": args.model}
+    return {
+        "generation": args.measure_generation,
+        "model_config": args.model,
+        "layer_spec": args.layer_spec,
+    }
 
 
 def _has_field(cls: type, name: str) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 from tuner.cli_args.values import shown
 from tuner.errors import UserError
 from tuner.fileio import CSV_MAX_BYTES, JSON_MAX_BYTES, check_input_file, read_input
+from tuner.megatron_layers import resolve_layer_spec
 
 # --------------------------------------------------------------------------------------------
 # The file system, checked before a command writes anything
@@ -249,6 +250,14 @@ def check_runner_options(args: argparse.Namespace) -> None:
             f"megatron runner (--runner megatron or auto), not --runner {args.runner}: leave it "
             "out (the verl runner always generates, the estimator never does)"
         )
+    layer_spec = getattr(args, "layer_spec", "auto")
+    if layer_spec != "auto":
+        if args.runner not in ("megatron", "auto"):
+            raise UserError(
+                f"--layer-spec {layer_spec} applies to the megatron runner (--runner "
+                f"megatron or auto), not --runner {args.runner}: leave it out"
+            )
+        resolve_layer_spec(layer_spec)  # te without transformer-engine: one line, exit 2
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     run = sub.choices["run"]
     for group in run._action_groups:

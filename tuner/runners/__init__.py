@@ -36,17 +36,22 @@ def gpu_available() -> bool:
 
 def pinned_knobs(source: str, extra: object = "") -> tuple[tuple[str, Any], ...]:
     """The knobs a row of `source` (its runner) did not measure but pinned, as (name, pin):
-    the megatron runner's generation and kernel knobs (megatron.MEGATRON_PINNED), less the
+    the megatron runner's generation and kernel knobs (megatron.MEGATRON_PINNED, less the
+    kernels its te layers make where `extra` says `layer_spec=te`: megatron_layers), less the
     rollout knobs where its `extra` says `generation=measured(vllm)` (megatron_generation);
     none for the others (the verl runner runs every knob; the estimator measures nothing, as
     its rows say)."""
     if source == "megatron":
+        from tuner.megatron_layers import layer_spec_of, layer_spec_pins
+        from tuner.results import parse_extra
         from tuner.results.scope import GEN_TRAIN, scope_of
         from tuner.runners.megatron import MEGATRON_PINNED
         from tuner.runners.megatron_generation import measured_pins
 
-        measured = scope_of(source, extra if isinstance(extra, dict) else str(extra)) == GEN_TRAIN
-        return measured_pins(MEGATRON_PINNED) if measured else MEGATRON_PINNED
+        fields = extra if isinstance(extra, dict) else parse_extra(str(extra))
+        pinned = layer_spec_pins(MEGATRON_PINNED, layer_spec_of(fields))
+        measured = scope_of(source, fields) == GEN_TRAIN
+        return measured_pins(pinned) if measured else pinned
     return ()
 
 

@@ -1,6 +1,7 @@
 """The megatron runner: each trial measures the training side of verl's step (old_log_prob and
 the actor update) on this node's GPUs with megatron-core, through the torchrun worker
-`tuner.runners.megatron_worker`.
+`tuner.runners.megatron_worker`, in transformer-engine layers as verl builds them or in
+megatron-core's local layers (`--layer-spec`, tuner.megatron_layers; the row's extra says which).
 
 One trial, in order (each step a plain function of the previous one's output):
   1. the spec: `worker_spec()` turns the candidate, model, cluster and workload into the
@@ -50,6 +51,7 @@ from tuner.errors import UserError
 from tuner.estimate import Estimate
 from tuner.hardware import Cluster
 from tuner.lengths import step_lengths
+from tuner.megatron_layers import layer_spec_pins, resolve_layer_spec, te_present
 from tuner.models import ModelSpec
 from tuner.results import OLD_LOG_PROB_RUN, Status, TrialResult
 from tuner.runners.base import Predicted, Runner, TrialSpec, memory_view
@@ -130,10 +132,12 @@ def worker_spec(
     warmup_steps: int = WARMUP_STEPS,
     min_measured_s: float = 0.0,
     max_steps: int = 0,
+    layer_spec: str = "local",
 ) -> dict[str, Any]:
     """The worker's schema-2 spec for one trial; raises ValueError if verl, megatron-core or
     the worker would refuse it (megatron_refusals: the shared rules and the worker's own; then
-    the batch plans of both phases)."""
+    the batch plans of both phases). `layer_spec`: the layers the worker builds (te or local,
+    megatron_layers); the te layers run the candidate's kernel choices (`kernels`)."""
     total = workload.mini_batches_per_step
     run = total if mini_batches <= 0 else min(mini_batches, total)
     c, lay = candidate, candidate.layout
@@ -167,6 +171,14 @@ def worker_spec(
             ),
         },
         "use_fused_kernels": c.use_fused_kernels,
+        "layer_spec": layer_spec,
+        "kernels": {
+            "apply_rope_fusion": c.apply_rope_fusion,
+            "bias_activation_fusion": c.bias_activation_fusion,
+            "moe_grouped_gemm": c.moe_grouped_gemm,
+            "moe_permute_fusion": c.moe_permute_fusion,
+            "attention_backend": c.attention_backend,
+        },
         "phases": ["old_log_prob", "update_actor"],
         "steps": steps,
         "warmup_steps": warmup_steps,
@@ -207,8 +219,11 @@ class MegatronRunner(Runner):
         env: dict[str, str] | None = None,
         generation: bool | None = None,
         model_config: str | None = None,
+        layer_spec: str = "auto",
     ) -> None:
         self.python = python or sys.executable
+        # te or local (megatron_layers); --layer-spec te without transformer-engine: UserError
+        self.layer_spec = resolve_layer_spec(layer_spec)
         self.mini_batches = mini_batches
         self.steps = steps
         self.warmup_steps = warmup_steps
@@ -240,18 +255,24 @@ class MegatronRunner(Runner):
         return n * step_s
 
     def space_limits(self, model: ModelSpec) -> SpaceLimits:
-        """Without transformer-engine megatron-core has no context or sequence parallel, so the
-        space leaves those out; the generation knobs and the kernel choices the worker cannot
-        make are pinned (MEGATRON_PINNED); log-prob batching and fused kernels are measured;
-        recompute modules megatron-core refuses in the worker's config are not offered."""
-        te = importlib.util.find_spec("transformer_engine") is not None
+        """The local layers have no context or sequence parallel (megatron-core needs
+        transformer-engine), so the space leaves those out; the te layers have both. The
+        generation knobs and the kernel choices the layers cannot make are pinned
+        (MEGATRON_PINNED, less what the te layers make: megatron_layers.layer_spec_pins);
+        log-prob batching and fused kernels are measured; recompute modules megatron-core
+        refuses in the worker's config are not offered."""
+        te = self.layer_spec == "te"
         # the dense sets hold no MoE module: left unnamed there, so the fingerprint is unchanged
         refused = unbuilt_recompute_modules(model) if model.is_moe else ()
         why = "" if te else "no transformer-engine here: no context or sequence parallel"
+        if not te and te_present():
+            why = (
+                "--layer-spec local: megatron-core's local layers, no context or sequence parallel"
+            )
         return SpaceLimits(
             context_parallel=te,
             sequence_parallel=te,
-            pinned=self.generation.pins(MEGATRON_PINNED),
+            pinned=self.generation.pins(layer_spec_pins(MEGATRON_PINNED, self.layer_spec)),
             why="; ".join(x for x in (why, self.generation.decide()[1]) if x),
             recompute_modules_refused=refused,
         )
@@ -335,6 +356,7 @@ class MegatronRunner(Runner):
                 warmup_steps=self.warmup_steps,
                 min_measured_s=self.min_measured_s,
                 max_steps=self.max_steps,
+                layer_spec=self.layer_spec,
             )
         except ValueError as e:
             return TrialResult(
@@ -428,6 +450,7 @@ def to_trial_result(
         "lengths": lengths["distribution"],
         "wall_s": round(res.duration_s, 1),
         "pool_started": res.started_pool,
+        "layer_spec": wspec.get("layer_spec", "local"),
     }
     common: dict[str, Any] = {
         "source": "megatron",
