@@ -17,7 +17,7 @@ from tuner.estimate.time import PhaseTimes, phase_times_of
 from tuner.fields import same_named
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import REGISTRY
-from tuner.results import Status, TrialRecord, TrialResult
+from tuner.results import MEASURE_COLUMNS, Status, TrialRecord, TrialResult
 from tuner.runners.base import TrialSpec
 from tuner.runners.estimate import EstimateRunner
 from tuner.space import Candidate, ParallelLayout
@@ -58,6 +58,7 @@ def test_every_measure_a_runner_reports_has_its_record_column() -> None:
     columns = {f.name: f.type for f in dataclasses.fields(TrialRecord)}
     assert len(MEASURES) >= 14
     assert all(columns.get(m) == "float | None" for m in MEASURES), MEASURES
+    assert set(MEASURES) == set(MEASURE_COLUMNS)  # the record's measure columns are these
 
 
 def _request(tmp: Path) -> TuneRequest:
@@ -119,3 +120,29 @@ def test_a_record_keeps_every_measure_and_the_prediction_of_its_trial(tmp_path: 
         assert getattr(rec, f"pred_{name}") == pytest.approx(getattr(e, name)), name
     assert rec.pred_bottleneck == e.bottleneck
     assert (rec.status, rec.source, rec.hardware) == (Status.OK, "estimate", "cost model")
+
+
+def test_the_megatron_runner_keeps_the_workers_memory_and_wall_times() -> None:
+    """What the worker measured and the runner does not rescale reaches the row as it is, each
+    from its own field (the allocated peak as peak_mem_gib)."""
+    from tuner.runners.megatron import RUNNER_TIMES, worker_measures
+    from tuner.runners.megatron_worker import WorkerResult
+
+    numbers = [
+        f.name
+        for f in dataclasses.fields(WorkerResult)
+        if f.type in ("float | None", "float") and f.name not in RUNNER_TIMES
+    ]
+    r = WorkerResult(
+        status="ok", phase="update_actor", **{n: 10.0 + i for i, n in enumerate(numbers)}
+    )
+    got = worker_measures(r)
+    assert got == {
+        "peak_mem_gib": r.peak_mem_allocated_gib,
+        "peak_mem_reserved_gib": r.peak_mem_reserved_gib,
+        "peak_mem_device_gib": r.peak_mem_device_gib,
+        "launch_s": r.launch_s,
+        "measured_s": r.measured_s,
+    }
+    assert len(set(got.values())) == len(got)
+    assert set(got) <= set(MEASURES)

@@ -15,6 +15,7 @@ from tuner.estimate.logits import DEFAULT_VERL
 from tuner.estimate.memory import MemoryBreakdown, memory_of
 from tuner.estimate.profile import Profile, load_profile, save_profile
 from tuner.estimate.time import phase_times_of
+from tuner.fields import same_named
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.space import Candidate
@@ -115,12 +116,8 @@ def estimate(
     finite = step < float("inf")
     upd = t.update_actor_s
     return Estimate(
+        **same_named(t, Estimate, skip=("bottleneck",)),  # the phase times
         step_s=step,
-        generation_s=t.generation_s,
-        old_log_prob_s=t.old_log_prob_s,
-        ref_s=t.ref_s,
-        update_actor_s=upd,
-        reshard_s=t.reshard_s,
         throughput_tokens_per_s_per_gpu=ctx.tokens_step / step / gpus if finite else 0.0,
         mfu=t.update_flops / (gpus * ctx.peak * upd) if upd > 0 else 0.0,
         peak_mem_gib=peak,
@@ -128,8 +125,6 @@ def estimate(
         fits=not reason,
         bottleneck=t.bottleneck if finite else "memory",
         memory=mem,
-        critic_s=t.critic_s,
-        offload_s=t.offload_s,
         tokens_per_step=ctx.tokens_step,
         fit_reason=reason,
         device_peak_gib=device,

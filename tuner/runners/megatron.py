@@ -49,11 +49,12 @@ import tuner
 from tuner.batching import DEFAULT_MINI_BATCHES
 from tuner.errors import UserError
 from tuner.estimate import Estimate
+from tuner.fields import same_named
 from tuner.hardware import Cluster
 from tuner.lengths import step_lengths
 from tuner.megatron_layers import layer_spec_pins, resolve_layer_spec, te_present
 from tuner.models import ModelSpec
-from tuner.results import OLD_LOG_PROB_RUN, Status, TrialResult
+from tuner.results import MEASURE_COLUMNS, OLD_LOG_PROB_RUN, Status, TrialResult
 from tuner.runners.base import Predicted, Runner, TrialSpec, memory_view
 from tuner.runners.megatron_generation import GenerationPhase, finish, with_generation
 from tuner.runners.megatron_pool import PoolOutcome, WorkerPool
@@ -507,14 +508,24 @@ def to_trial_result(
         update_actor_s=upd,
         tokens_per_s_per_gpu=r.tokens_per_s_per_gpu,
         mfu_update_pct=update_mfu_pct(spec, wspec, r.update_actor_s),
-        peak_mem_gib=r.peak_mem_allocated_gib,
-        peak_mem_reserved_gib=r.peak_mem_reserved_gib,
-        peak_mem_device_gib=r.peak_mem_device_gib,
-        launch_s=r.launch_s,
-        measured_s=r.measured_s,
         extra=extra,
+        **worker_measures(r),
         **common,
     )
+
+
+RUNNER_TIMES = ("step_s", "old_log_prob_s", "update_actor_s", "tokens_per_s_per_gpu")
+"""The worker's measures the runner does not take as they are: the phase times it scales to the
+whole step, the step it leaves empty, the throughput (a stopped trial's is its last step's)."""
+
+
+def worker_measures(r: Any) -> dict[str, Any]:
+    """The worker's measures a row keeps as they are: its fields of the record's measure names
+    (results.MEASURE_COLUMNS: memory, launch and measured wall time) but RUNNER_TIMES, and its
+    allocated peak as peak_mem_gib."""
+    same = same_named(r, TrialResult, skip=RUNNER_TIMES)
+    kept = {k: v for k, v in same.items() if k in MEASURE_COLUMNS}
+    return {**kept, "peak_mem_gib": r.peak_mem_allocated_gib}
 
 
 def update_mfu_pct(
@@ -542,10 +553,7 @@ def _pruned(
     scaled to the step, as an ok row's)."""
     world = spec.cluster.num_gpus
     if r is not None and r.peak_mem_allocated_gib is not None:
-        common = {**common, "peak_mem_gib": r.peak_mem_allocated_gib,
-                  "peak_mem_reserved_gib": r.peak_mem_reserved_gib,
-                  "peak_mem_device_gib": r.peak_mem_device_gib,
-                  "launch_s": r.launch_s, "measured_s": r.measured_s}  # fmt: skip
+        common = {**common, **worker_measures(r)}
     if not seen:
         return TrialResult(status=Status.PRUNED_SLOW, reason="stopped early", extra=extra, **common)
     last = seen[-1]

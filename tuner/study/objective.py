@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 
 from tuner.estimate import Estimate
+from tuner.fields import same_named
 from tuner.results import Status, TrialRecord, TrialResult
 from tuner.runners.base import Predicted, TrialSpec
 from tuner.space import Candidate, SearchSpace, sample, validate
@@ -113,8 +114,7 @@ def propose(req: TuneRequest, c: Candidate, learner: StudyLearner) -> Proposal:
 
 def result_of_record(rec: TrialRecord, same_as: int) -> TrialResult:
     """A repeat's result: the earlier trial's measures, saying it was not re-run."""
-    names = {f.name for f in fields(TrialResult)} & {f.name for f in fields(TrialRecord)}
-    kw: dict[str, Any] = {n: getattr(rec, n) for n in names}
+    kw = same_named(rec, TrialResult)
     kw["reason"] = f"same candidate as trial {same_as}; not re-run"
     # nothing was launched for it: the study's wall-time split counts the earlier trial's
     kw["launch_s"] = kw["measured_s"] = None
@@ -220,8 +220,21 @@ def ran_workload(records: list[dict[str, Any]], w: Any) -> bool:
 def candidate_fields(c: Candidate) -> dict[str, Any]:
     """The record's layout fields and knobs of a candidate."""
     rec = c.to_record()
-    lay = {k: rec.pop(k) for k in ("train_parallel", "tp", "pp", "vpp", "cp", "ep", "etp", "dp")}
+    lay = {k: rec.pop(k) for k in tuple(rec) if k in _RECORD_FIELDS}  # tp, ..., dp
     return {**lay, "infer_parallel": f"tp{c.rollout_tp}", "knobs": rec}
+
+
+_RECORD_FIELDS = frozenset(f.name for f in fields(TrialRecord))
+_NOT_THE_ESTIMATES = ("peak_mem_gib", "peak_phase", "fits", "headroom_gib")
+"""pred_ columns made from another source than the study's estimate: the runner's view of the
+memory (`Predicted`) and the study's fit decision (`Proposal`)."""
+
+
+def _predicted(e: Estimate) -> dict[str, Any]:
+    """The pred_ columns the study's (scaled) estimate gives: each of its fields the record has
+    as pred_<name> (pred_step_s, the phase times, pred_bottleneck), numbers finite or None."""
+    d = same_named(e, TrialRecord, prefix="pred_", skip=_NOT_THE_ESTIMATES)
+    return {k: _float(v) if isinstance(v, float) else v for k, v in d.items()}
 
 
 def build_record(
@@ -243,30 +256,12 @@ def build_record(
     return TrialRecord(
         **base_record(req, storage, number),
         **candidate_fields(prop.candidate),
-        status=res.status,
-        reason=res.reason,
-        source=res.source,
+        # the result's status, measures, hardware and versions: its fields of the record's names
+        **same_named(res, TrialRecord, skip=("backend", "launch_s", "extra")),
         backend=res.backend or BACKENDS.get(req.runner.name, req.runner.name),
-        tokens_per_s_per_gpu=res.tokens_per_s_per_gpu,
-        step_s=res.step_s,
-        generation_s=res.generation_s,
-        old_log_prob_s=res.old_log_prob_s,
-        ref_s=res.ref_s,
-        update_actor_s=res.update_actor_s,
-        reshard_s=res.reshard_s,
-        mfu_update_pct=res.mfu_update_pct,
-        verl_mfu_actor_pct=res.verl_mfu_actor_pct,
-        peak_mem_gib=res.peak_mem_gib,
-        peak_mem_reserved_gib=res.peak_mem_reserved_gib,
-        peak_mem_device_gib=res.peak_mem_device_gib,
         launch_s=launch_s,
-        measured_s=res.measured_s,
+        **_predicted(e),
         pred_tokens_per_s_per_gpu=p.tokens_per_s_per_gpu,
-        pred_step_s=_float(e.step_s),
-        pred_generation_s=_float(e.generation_s),
-        pred_old_log_prob_s=_float(e.old_log_prob_s),
-        pred_ref_s=_float(e.ref_s),
-        pred_update_actor_s=_float(e.update_actor_s),
         pred_peak_mem_gib=p.peak_gib,
         pred_device_mem_gib=prop.device_gib,
         pred_device_mem_corrected_gib=prop.corrected_device_gib,
@@ -277,11 +272,7 @@ def build_record(
         pred_update_actor_scale=prop.phase_scales["update_actor"],
         pred_peak_phase=p.phase,
         pred_fits=not prop.unfit,
-        pred_bottleneck=e.bottleneck,
         pred_versions=assumed_versions(),
-        hardware=res.hardware,
-        versions=res.versions,
-        log_path=res.log_path,
         extra=extra,
         origin=origin,
         started_at=started_at,
