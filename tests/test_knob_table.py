@@ -1,0 +1,236 @@
+"""One knob table (issue 20): every reader of knob names (the leaderboard's columns and their
+types, the text table's numbers, the report's knob groups) takes them from tuner.space, no module
+outside it lists knobs again, and adding a knob is its entry in the table and its Candidate
+field, nothing else."""
+
+from __future__ import annotations
+
+import ast
+import html
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tuner.leaderboard.columns import FLOAT_COLUMNS, INT_COLUMNS, STRING_COLUMNS
+from tuner.report.sections import KNOB_GROUPS
+from tuner.results import COLUMNS, NUMERIC, TrialRecord, csv_text, read_raw
+from tuner.space import (
+    CANDIDATE_FIELDS,
+    KNOB_BY_NAME,
+    KNOB_COLUMN_TYPES,
+    KNOB_GROUP_OF,
+    KNOBS,
+    LAYOUT_DEGREES,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+TUNER = REPO / "tuner"
+VERL = REPO / "results" / "verl4k-h100-x1.csv"
+"""A committed leaderboard of the current schema (3)."""
+
+KNOB_NAMES = frozenset(
+    {k.name for k in KNOBS} | {k.sampler_param for k in KNOBS} | set(CANDIDATE_FIELDS)
+) - {"layout"}
+"""Knob names as the table spells them: the knobs, their sampler parameters, their columns."""
+
+ALLOWED: dict[tuple[str, tuple[str, ...]], str] = {
+    ("tuner/references.py", ("cp", "ep", "pp", "tp")): (
+        "which degree a reference layout halves first: a tie-break order, not a list of knobs"
+    ),
+    ("tuner/runners/megatron_refusals.py", ("recompute_granularity", "recompute_method",
+                                            "recompute_modules")): (
+        "rule names (space.RULES names a knob's value rules after it), sorted by when refused"
+    ),
+    ("tuner/runners/megatron_refusals.py", ("moe_token_dispatcher_type",
+                                            "recompute_num_layers")): "rule names, as above",
+    ("tuner/runners/megatron_generation.py", ("enforce_eager", "gpu_memory_utilization",
+                                              "max_num_batched_tokens_factor", "max_num_seqs",
+                                              "rollout_tp")): (
+        "the runner's own pins that measured generation frees (a fact of that runner)"
+    ),
+    ("tuner/runners/megatron_generation.py", ("rollout_dp", "rollout_ep", "rollout_tp")): (
+        "rule names of space.RULES the generation runner checks"
+    ),
+    ("tuner/megatron_layers.py", ("apply_rope_fusion", "bias_activation_fusion",
+                                  "moe_grouped_gemm", "moe_permute_fusion")): (
+        "the megatron runner's pins its te layers measure (a fact of that runner)"
+    ),
+    ("tuner/runners/vllm_gen/spec.py", ("max_num_batched_tokens", "max_num_seqs")): (
+        "vLLM's engine arguments (vLLM's names)"
+    ),
+    ("tuner/runners/megatron_worker/spec.py", ("cp", "ep", "etp", "first_stage_layers",
+                                               "last_stage_layers", "pp", "tp", "vpp")): (
+        "the worker spec's layout keys (the worker's schema, kept by its own helper)"
+    ),
+    ("tuner/verl_command.py", ("ppo_max_token_len_per_gpu", "ppo_micro_batch_size_per_gpu")): (
+        "verl's config key suffixes the critic copies from the actor (verl's names)"
+    ),
+}  # fmt: skip
+"""Literal lists that name knobs for another reason, each with it."""
+
+
+def knob_lists(path: Path) -> list[tuple[int, tuple[str, ...]]]:
+    """The literal tuples, lists and sets of `path` that name two knobs or more: (line, the knob
+    names sorted). A dict of knob values (a recipe, pinned values) is a value, not a list."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            names = {e.value for e in node.elts if isinstance(e, ast.Constant)} & KNOB_NAMES
+            if len(names) >= 2:
+                out.append((node.lineno, tuple(sorted(names))))  # type: ignore[arg-type]
+    return out
+
+
+def test_no_module_outside_the_space_lists_knobs() -> None:
+    found = [
+        f"{rel}:{line}: {names}"
+        for p in sorted(TUNER.rglob("*.py"))
+        if (rel := str(p.relative_to(REPO))) and not rel.startswith("tuner/space/")
+        for line, names in knob_lists(p)
+        if (rel, names) not in ALLOWED
+    ]
+    assert not found, "derive these from tuner.space's knob table: " + "; ".join(found)
+
+
+def test_the_scan_sees_a_knob_list(tmp_path: Path) -> None:
+    """The check itself: the forms seen in this project's history are caught, values are not."""
+    f = tmp_path / "m.py"
+    for code in (
+        'INT = frozenset({"trial", "rollout_tp", "max_num_seqs"})',
+        'GROUPS = (("memory", ("param_offload", "optimizer_offload")),)',
+        'def f(c):\n    return c in ["tp", "pp"]',
+        'PINS = ("rollout_dp_log2", "max_num_batched_tokens_factor")',  # sampler parameters
+    ):
+        f.write_text(code + "\n")
+        assert knob_lists(f), code
+    f.write_text('R = {"use_dynamic_bsz": False, "rollout_tp": 2}\nX = ("tp", "study")\n')
+    assert not knob_lists(f)
+
+
+def test_the_leaderboard_takes_its_knob_columns_and_types_from_the_table() -> None:
+    knob_columns = [c for c in COLUMNS if c in KNOB_BY_NAME]
+    assert knob_columns == [*LAYOUT_DEGREES, *CANDIDATE_FIELDS]
+    assert set(knob_columns) == set(KNOB_BY_NAME) - {"layout"}  # every knob has its column
+    assert read_raw(VERL)[0].keys() == set(COLUMNS)  # the committed header: these columns
+    for c in knob_columns:
+        kind = KNOB_COLUMN_TYPES.get(c, int)  # the layout degrees are counts
+        assert (c in INT_COLUMNS, c in FLOAT_COLUMNS, c in STRING_COLUMNS) == (
+            kind is int,
+            kind is float,
+            kind is str,
+        ), c
+        assert (c in NUMERIC) == (kind in (int, float)), c
+
+
+def test_the_report_groups_every_knob_by_the_table() -> None:
+    groups = dict(KNOB_GROUPS)
+    shown = [c for cols in groups.values() for c in cols]
+    assert len(shown) == len(set(shown))
+    for c, group in KNOB_GROUP_OF.items():
+        assert c in groups[group], (c, group)
+
+
+def test_a_committed_leaderboard_reads_and_writes_back_byte_identically() -> None:
+    text = VERL.read_text()
+    assert csv_text(TrialRecord.from_row(r).to_row() for r in read_raw(VERL)) == text
+
+
+def test_an_old_leaderboard_is_written_once_in_the_current_schema(tmp_path: Path) -> None:
+    """A schema-1 file is read in the current meaning; written once, it reads and writes back
+    the same, under the current columns."""
+    once = tmp_path / "once.csv"
+    old = read_raw(REPO / "results" / "dense-h200-x2.csv")
+    assert old[0]["schema_version"] == "1"
+    once.write_text(csv_text(TrialRecord.from_row(r).to_row() for r in old))
+    again = csv_text(TrialRecord.from_row(r).to_row() for r in read_raw(once))
+    assert again == once.read_text()
+    assert again.splitlines()[0].split(",") == list(COLUMNS)
+
+
+def _knob_table(page: str) -> dict[str, dict[str, str]]:
+    """The answer's knob table: group -> {knob column: value}."""
+    answer = re.search(r'<section id="answer">(.*?)</section>', page, flags=re.S)
+    assert answer
+    rows = re.findall(r"<td>(\w+)</td>\s*<td>([^<]*)</td>", answer.group(1))
+    out = {}
+    for group, cells in rows:
+        pairs = (c.partition(" ") for c in html.unescape(cells).split(" · "))
+        out[group] = {k: v for k, _, v in pairs}
+    return out
+
+
+def test_the_report_of_a_committed_leaderboard_shows_the_knobs_it_showed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """results/verl4k-h100-x1.html was rendered with the report's own hand-written knob list:
+    the knob groups read from the table show the same knobs with the same values."""
+    pytest.importorskip("matplotlib")
+    from tuner.cli import main
+
+    csv_path = tmp_path / VERL.name
+    shutil.copy(VERL, csv_path)
+    out = tmp_path / "r.html"
+    assert main(["report", str(csv_path), "-o", str(out)]) == 0
+    capsys.readouterr()
+    committed = _knob_table(VERL.with_suffix(".html").read_text())
+    assert len(committed) >= 5 and "kernels" in committed
+    assert _knob_table(out.read_text()) == committed
+
+
+def test_adding_a_knob_is_its_table_entry_and_its_field(tmp_path: Path) -> None:
+    """The walk of a new knob: a copy of the package with one more Candidate field and one more
+    entry in KNOBS (and nothing else) has its CSV column, its column type, its text-table number
+    format, its report group, its verl key, and a record keeps its value through the CSV."""
+    pkg = tmp_path / "tuner"
+    shutil.copytree(TUNER, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    cand = pkg / "space" / "candidate.py"
+    src = cand.read_text()
+    anchor = "    def to_record(self) -> dict[str, Any]:"
+    assert src.count(anchor) == 1
+    cand.write_text(
+        src.replace(anchor, '    pad_depth: int = 1\n    """A new knob."""\n\n' + anchor)
+    )
+    knobs = pkg / "space" / "knobs.py"
+    src = knobs.read_text()
+    anchor = "\n)\nKNOB_BY_NAME"
+    assert src.count(anchor) == 1
+    entry = (
+        '    Knob(name="pad_depth", group="memory", help="a new knob",'
+        ' verl_keys=("+actor_rollout_ref.actor.pad_depth",), cost="neutral prior: test"),'
+    )
+    knobs.write_text(src.replace(anchor, "\n" + entry + anchor))
+    check = textwrap.dedent(
+        """
+        import tuner
+        from tuner.leaderboard.columns import INT_COLUMNS
+        from tuner.report.sections import KNOB_GROUPS
+        from tuner.results import COLUMNS, NUMERIC, Status, TrialRecord
+        from tuner.space import Candidate, ParallelLayout, knob_overrides
+        from tuner.study.objective import candidate_fields
+
+        assert tuner.__file__.startswith(TMP), tuner.__file__  # the copy, not the repository's
+        assert COLUMNS[COLUMNS.index("enforce_eager") + 1] == "pad_depth", COLUMNS
+        assert "pad_depth" in INT_COLUMNS and "pad_depth" in NUMERIC
+        assert "pad_depth" in dict(KNOB_GROUPS)["memory"]
+        c = Candidate(layout=ParallelLayout(world=2, tp=2), pad_depth=3)
+        assert knob_overrides(c)["+actor_rollout_ref.actor.pad_depth"] == 3
+        fields = candidate_fields(c)  # what a study writes of a candidate
+        row = TrialRecord(study="s", trial=0, status=Status.OK, **fields).to_row()
+        assert row["pad_depth"] == "3"
+        assert TrialRecord.from_row(row).knobs["pad_depth"] == 3
+        assert Candidate.from_record(row, 2).pad_depth == 3
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", f"TMP = {str(tmp_path)!r}\n" + check],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
