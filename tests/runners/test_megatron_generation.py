@@ -24,7 +24,7 @@ from tuner.results import Status
 from tuner.runners import pinned_knobs
 from tuner.runners.base import TrialSpec
 from tuner.runners.megatron import MEGATRON_PINNED, MegatronRunner
-from tuner.runners.megatron_generation import MEASURED, unfit_in_generation
+from tuner.runners.megatron_generation import MEASURED, measured_pins, unfit_in_generation
 from tuner.runners.process import run_process
 from tuner.runners.vllm_gen import GenSpec, classify_failure
 from tuner.space import Candidate, ParallelLayout
@@ -303,6 +303,29 @@ def test_a_utilization_the_actor_leaves_no_room_for_is_unfit():
         layout=lay, gpu_memory_utilization=0.4, param_offload=True, optimizer_offload=True
     )
     assert unfit_in_generation(estimate(offloaded, m, cl, w), cl, None) == ""
+
+
+def test_generation_fit_is_verls_whatever_kernels_the_local_layers_pin():
+    """Real verl ran results/verl4k-h100-x1.csv trial 1 (gpu_memory_utilization 0.5, device
+    72.6 GiB sampled); the fast runner's local layers pin the fusions off, and their worker's
+    outside memory (8.9 GiB) once made the same candidate unfit in generation (77.6 GiB)."""
+    import csv
+
+    rows = list(csv.DictReader((ROOT / "results" / "verl4k-h100-x1.csv").open()))
+    row = next(r for r in rows if r["trial"] == "1")
+    assert float(row["peak_mem_device_gib"]) < 79.0 and row["status"] == "ok"
+    m, cl = get_model(str(CONFIG)), Cluster(gpu=get_gpu("h100"), num_gpus=1, gpus_per_node=1)
+    w = get_workload("dapo-math").with_overrides(
+        prompt_len=256, prompt_mean=256, response_len=4096, response_mean=4096,
+        batch_size=8, n=4, mini_batch_size=4,
+    )  # fmt: skip
+    verl = Candidate.from_record(row, 1)
+    kernels = {k: v for k, v in measured_pins(MEGATRON_PINNED) if not k.startswith("rollout_")}
+    local = dataclasses.replace(verl, **kernels)
+    e_verl, e_local = estimate(verl, m, cl, w), estimate(local, m, cl, w)
+    assert e_local.memory.update_device_gib > e_verl.memory.update_device_gib + 5  # outside mem
+    assert e_local.memory.generation_device_gib == e_verl.memory.generation_device_gib
+    assert unfit_in_generation(e_local, cl, None) == ""
 
 
 def test_measure_generation_without_vllm_is_exit_2_and_writes_nothing(

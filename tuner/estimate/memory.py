@@ -500,7 +500,11 @@ def memory_of(
         update_transient_gib=upd_transient / g,
         slack_gib=slack_upd,
         log_prob_slack_gib=slack_lp,
-        generation_device_gib=gen_peak / g + outside,
+        # generation is verl's (vLLM beside the actor's states in verl's worker process, with
+        # verl's kernels): the megatron-core runner's local-spec outside memory is its training
+        # worker's, not part of verl's rollout (the same candidate ran in real verl at 72.6
+        # GiB, results/verl4k-h100-x1.csv trial 1, where local_norms counted 77.6)
+        generation_device_gib=gen_peak / g + CUDA_CONTEXT_GIB + nccl,
         log_prob_device_gib=lp_peak / g + slack_lp + outside,
         update_device_gib=upd_peak / g + slack_upd + outside,
     )
