@@ -12,12 +12,13 @@ import pytest
 
 from tuner.cli import main
 from tuner.estimate import Profile, estimate
-from tuner.estimate.context import DECODE_KERNELS_DENSE_LAYER, get_context, solve_theta
+from tuner.estimate.context import get_context, solve_theta
 from tuner.estimate.generation import (
     EAGER,
     FULL_GRAPH,
     _decode_step_s,
     cudagraph_capture_sizes,
+    eager_ops,
     padded_batch,
 )
 from tuner.estimate.logits import DEFAULT_VERL
@@ -235,13 +236,13 @@ def test_capture_sizes_are_vllms_defaults_and_a_batch_pads_to_the_next() -> None
 
 
 def test_cuda_graph_decode_steps_are_cheaper_than_eager_at_small_batch() -> None:
-    """Eager, the host launches every kernel and a small batch waits for it (a MoE layer's
-    router and fused-MoE launches most of all); a graph is one replay."""
+    """Eager, the host calls every op and a small batch waits for it (a MoE layer's router and
+    fused-MoE launches most of all); a graph is one replay."""
     for m, rtp in ((QWEN7B, 4), (MOE30B, 4)):
         ctx = get_context(m, cluster(), DAPO, Profile())
         eager = _decode_step_s(ctx, rtp, 1, 1, 4, 2000.0, EAGER)
         graph = _decode_step_s(ctx, rtp, 1, 1, 4, 2000.0, FULL_GRAPH, 4)
-        assert eager >= ctx.layers * DECODE_KERNELS_DENSE_LAYER * ctx.profile.decode_launch_s
+        assert eager >= eager_ops(ctx) * ctx.profile.eager_op_host_s
         assert graph < 0.8 * eager, (m.name, graph, eager)
     # and the whole generation phase, whose drain tail runs at small batch
     c = cand("tp4", 16, rollout_tp=4, max_num_seqs=256)

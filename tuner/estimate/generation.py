@@ -2,8 +2,9 @@
 group.
 
 A decode step streams the engine's weights and KV cache or computes, whichever is longer, then
-its collectives and host work; how it is launched (eagerly, a full CUDA graph, piecewise graphs)
-follows vLLM 0.24.0's capture sizes. The phase integrates the steps over the response-length
+its collectives and host work; how it is launched (with `enforce_eager` every op from Python, a
+full CUDA graph, piecewise graphs, compiled code no graph covers) follows vLLM 0.24.0's
+configuration and capture sizes. The phase integrates the steps over the response-length
 distribution (tuner.lengths): a busy phase at the engine's concurrency, then the long tail.
 """
 
@@ -34,6 +35,30 @@ max_num_batched_tokens)."""
 PIECEWISE_EAGER_KERNELS = 2
 """Kernels per layer a piecewise CUDA graph leaves to eager launches: vLLM splits its compiled
 graph at attention (KV-cache write and the attention kernel) and replays the pieces between."""
+EAGER_OPS_DENSE_LAYER = 10
+"""Kernel-launching host calls of one dense decoder layer in a vLLM 0.24.0 decode step with
+`enforce_eager=True`. enforce_eager is more than no CUDA graphs: it sets compilation mode NONE
+as well (vllm/config/vllm.py, VllmConfig.__post_init__: "Enforce eager set, disabling
+torch.compile and CUDAGraphs"), so nothing is fused by Inductor, custom_ops falls to "all" (the
+same file) and the IR ops' priority to the vllm_c CUDA kernels (vllm/platforms/cuda.py,
+get_default_ir_op_priority). The layer (vllm/model_executor/models/qwen3.py Qwen3DecoderLayer
+and Qwen3Attention, qwen2.py Qwen2MLP; llama's is the same without the q/k norms) then calls,
+one kernel each: input RMSNorm (fused with the residual add, torch.ops._C.fused_add_rms_norm via
+vllm/kernels/vllm_c.py), QKV GEMM (F.linear, layers/utils.py default_unquantized_gemm), rotary
+embedding (torch.ops._C.rotary_embedding, rotary_embedding/base.py forward_cuda), the KV-cache
+write and the attention (two torch.ops.vllm custom ops implemented in Python,
+layers/attention/attention.py unified_kv_cache_update and unified_attention_with_output:
+reshape_and_cache_flash and the FA3 varlen kernel, v1/attention/backends/flash_attn.py), output
+GEMM, post-attention RMSNorm, gate/up GEMM, SiLU-and-mul (torch.ops._C.silu_and_mul) and down
+GEMM."""
+EAGER_OPS_QK_NORM = 2
+"""More calls per layer of a model with per-head q/k RMSNorm (Qwen3): torch.ops._C.rms_norm on
+q and on k before the rotary embedding (qwen3.py Qwen3Attention.forward); with compilation off
+they are not fused with the rope (the fused_qk_norm_rope kernel is a compile pass's)."""
+EAGER_OPS_MODEL = 3
+"""Calls per eager forward outside the layers: the token ids' cast and the embedding lookup
+(layers/vocab_parallel_embedding.py, VocabParallelEmbedding.forward) and the final norm. The
+logits GEMM and the sampler run eagerly with CUDA graphs too (decode_step_overhead_s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +97,22 @@ def padded_batch(batch: float, sizes: tuple[int, ...]) -> int:
     return sizes[i] if i < len(sizes) else 0
 
 
-EAGER, FULL_GRAPH, PIECEWISE_GRAPH = 0, 1, 2
-"""How a vLLM decode step is launched: every kernel from Python, one full CUDA graph, or
-piecewise graphs with attention launched eagerly between them. verl 0.9.1 asks vLLM for
-`cudagraph_mode=FULL_AND_PIECEWISE` (verl/workers/rollout/vllm_rollout/vllm_async_server.py):
-uniform decode batches replay a full graph, batches that mix in a prefill chunk replay the
-piecewise graphs when their tokens fit the largest capture size and run eagerly otherwise
-(vllm/v1/cudagraph_dispatcher.py, CudagraphDispatcher.dispatch)."""
+EAGER, FULL_GRAPH, PIECEWISE_GRAPH, COMPILED = 0, 1, 2, 3
+"""How a vLLM decode step is launched: with `enforce_eager=True` every op of the uncompiled
+model from Python (EAGER_OPS_DENSE_LAYER); else one full CUDA graph, piecewise graphs with
+attention launched eagerly between them, or the torch.compile'd model with no graph (COMPILED).
+verl 0.9.1 asks vLLM for `cudagraph_mode=FULL_AND_PIECEWISE` (verl/workers/rollout/vllm_rollout/
+vllm_async_server.py): uniform decode batches replay a full graph, batches that mix in a prefill
+chunk replay the piecewise graphs when their tokens fit the largest capture size, and batches
+beyond it run the compiled model without a graph (vllm/v1/cudagraph_dispatcher.py,
+CudagraphDispatcher.dispatch)."""
+
+
+def eager_ops(ctx: Context) -> int:
+    """Kernel-launching host calls of one decode step's dense forward with `enforce_eager=True`
+    (a MoE layer's router and expert calls are priced apart: DECODE_KERNELS_MOE_EXTRA)."""
+    per_layer = EAGER_OPS_DENSE_LAYER + (EAGER_OPS_QK_NORM if ctx.model.qk_layernorm else 0)
+    return ctx.layers * per_layer + EAGER_OPS_MODEL
 
 
 def _decode_step_s(
@@ -97,11 +131,13 @@ def _decode_step_s(
     the expert collectives, then the engine's host work. At low batch the weight read
     dominates: the long tail's steps cost nearly a full one.
 
-    `mode` says how the step is launched. Eager: the host launches every kernel (tens per layer)
-    and the GPU cannot run ahead of it, so at low batch the launches bound the step. A CUDA
-    graph replays the captured forward in one launch, at `rows` (the batch padded to the capture
-    size): the padding rows cost GEMM FLOPs and collective bytes; attention reads only the real
-    sequences' KV cache. Piecewise graphs leave attention to eager launches."""
+    `mode` says how the step is launched. Eager (`enforce_eager`): the host calls every op of
+    the uncompiled model from Python (eager_ops, each eager_op_host_s) and the GPU cannot run
+    ahead of it, so at low batch the host bounds the step; compiled with no graph: the host
+    launches the compiled model's kernels (DECODE_KERNELS_DENSE_LAYER, each decode_launch_s). A
+    CUDA graph replays the captured forward in one launch, at `rows` (the batch padded to the
+    capture size): the padding rows cost GEMM FLOPs and collective bytes; attention reads only
+    the real sequences' KV cache. Piecewise graphs leave attention to eager launches."""
     p = ctx.profile
     rows = max(rows, batch)
     # an untied input embedding is looked up row by row, never streamed (only the output
@@ -131,6 +167,10 @@ def _decode_step_s(
             launch = ctx.layers * (
                 PIECEWISE_EAGER_KERNELS * p.decode_launch_s + p.decode_graph_replay_s
             )
+        elif mode == EAGER:
+            launch = eager_ops(ctx) * p.eager_op_host_s
+            if ctx.is_moe:  # router and experts as before: no eager MoE row measured
+                launch += ctx.layers * DECODE_KERNELS_MOE_EXTRA * p.decode_launch_s
         else:
             kernels = DECODE_KERNELS_DENSE_LAYER + (DECODE_KERNELS_MOE_EXTRA if ctx.is_moe else 0)
             launch = ctx.layers * kernels * p.decode_launch_s
@@ -197,8 +237,9 @@ def generation(
 
     With CUDA graphs (`eager` False) a pure decode step replays the graph of its batch padded to
     the next capture size; in the busy phase the steps that admit a new sequence also prefill its
-    prompt, and such a mixed batch runs on piecewise graphs, or eagerly when its tokens exceed the
-    largest capture size. Prefill itself is compute-bound and costed by its FLOPs either way."""
+    prompt, and such a mixed batch runs on piecewise graphs, or the compiled model without a graph
+    when its tokens exceed the largest capture size. With `eager` every step runs the uncompiled
+    model op by op. Prefill itself is compute-bound and costed by its FLOPs either way."""
     key = (rtp, rdp, rep, util, mnbt, mns, eager)
     hit = ctx.generation_cache.get(key)
     if hit is not None:
@@ -224,10 +265,12 @@ def generation(
 
     def decode(batch: float, context_len: float) -> float:
         """A uniform decode step: the full graph of its padded size (piecewise graphs where the
-        padded size exceeds max_num_seqs: vLLM captures full decode graphs only up to it),
-        eager beyond the largest capture size or with enforce_eager."""
-        rows = padded_batch(batch, sizes) if sizes else 0
-        mode = EAGER if not rows else (FULL_GRAPH if rows <= mns else PIECEWISE_GRAPH)
+        padded size exceeds max_num_seqs: vLLM captures full decode graphs only up to it), the
+        compiled model beyond the largest capture size, eager with enforce_eager."""
+        if not sizes:
+            return _decode_step_s(ctx, rtp, rdp, rep, batch, context_len, EAGER)
+        rows = padded_batch(batch, sizes)
+        mode = COMPILED if not rows else (FULL_GRAPH if rows <= mns else PIECEWISE_GRAPH)
         return _decode_step_s(ctx, rtp, rdp, rep, batch, context_len, mode, rows)
 
     seconds = 0.0
@@ -238,11 +281,12 @@ def generation(
         if sizes:
             # C / mean sequences end per step (a renewal process); the step that admits their
             # successors prefills their prompts too: a mixed batch, on piecewise graphs when its
-            # tokens fit the largest capture size, eager otherwise (cudagraph_dispatcher.py)
+            # tokens fit the largest capture size, compiled without a graph otherwise
+            # (cudagraph_dispatcher.py)
             ended = conc / mean
             mixed = 1.0 - math.exp(-ended)
             tokens = conc + prompt * ended / mixed
-            mode = PIECEWISE_GRAPH if padded_batch(tokens, sizes) else EAGER
+            mode = PIECEWISE_GRAPH if padded_batch(tokens, sizes) else COMPILED
             mixed_step = _decode_step_s(ctx, rtp, rdp, rep, conc, prompt + res_mean, mode)
             step = (1.0 - mixed) * step + mixed * mixed_step
         seconds += steps * step

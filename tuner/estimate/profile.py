@@ -51,9 +51,21 @@ class Profile:
     """The same for a MoE layer: router, permute, two all-to-alls, grouped MLP and unpermute,
     with a device-to-host synchronisation for the all-to-all split sizes in every layer."""
     decode_launch_s: float = 12e-6
-    """Host time per kernel in a vLLM decode step run eagerly: every step with
-    `enforce_eager=True`, and with CUDA graphs the steps no graph covers (batches above the
-    largest capture size, prefill chunks joining the decode batch)."""
+    """Host time per kernel of a vLLM decode step's compiled model launched outside a CUDA graph:
+    the steps no graph covers (batches above the largest capture size, mixed batches too large
+    for the piecewise graphs) and the attention launches between piecewise graphs."""
+    eager_op_host_s: float = 20e-6
+    """Host time per op of a vLLM 0.24.0 decode step with `enforce_eager=True`, which runs the
+    model uncompiled and calls each op from Python (estimate.generation.eager_ops: 12 per Qwen3
+    layer) while the GPU waits on the host: the module call, vLLM's CustomOp and IR-op dispatch,
+    the output's allocation, the torch.ops call and its launch, and for attention two Python
+    custom ops through the dispatcher with their forward-context look-ups. It is the host's:
+    scripts/eager_decode_fit.py (and its .out.txt) fits 48 us to vLLM's LLM.generate and 67 us
+    to verl 0.9.1 on this project's single-H100 VMs (Qwen3-1.7B, 32 sequences of 4096 tokens:
+    20 and 26 ms per step against 5.4 ms with CUDA graphs), while the reference leaderboards'
+    eager rows (H100 and H20 nodes, vLLM before 0.24) imply ~10 us and allow at most ~23 us:
+    there eager generation ran as fast as with graphs. The default is a fast host's figure, inside
+    what the reference rows allow; `tune calibrate` on a host's own eager rows learns its own."""
     decode_graph_replay_s: float = 30e-6
     """Launch cost of one CUDA-graph replay in a vLLM decode step with `enforce_eager=False`,
     verl 0.9.1's default: one cudaGraphLaunch of the captured forward (tens of microseconds for
@@ -100,6 +112,7 @@ CALIBRATED: dict[str, tuple[float, float]] = {
     "layer_host_s": (1e-4, 1e-2),
     "moe_layer_host_s": (3e-4, 3e-2),
     "decode_launch_s": (2e-6, 6e-5),
+    "eager_op_host_s": (5e-6, 2e-4),
     "decode_graph_replay_s": (5e-6, 1e-3),
     "decode_step_overhead_s": (2e-4, 2e-2),
     "decode_seq_overhead_s": (2e-6, 2e-4),
