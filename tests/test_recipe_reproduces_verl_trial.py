@@ -96,6 +96,7 @@ def test_exported_recipe_runs_the_trials_overrides(
         ppo_max_token_len_per_gpu=2 * seq,
         log_prob_max_token_len_per_gpu=4 * seq,
         rollout_tp=2,
+        gpu_memory_utilization=0.5,  # 0.6 leaves verl 0.9.1's generation under 2 GiB spare
         max_num_batched_tokens=seq,
     )
     study = optuna.create_study(

@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 from tuner.estimate import estimate
+from tuner.estimate.device import phase_headroom_gib
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import REGISTRY
 from tuner.runners.estimate import EstimateRunner
@@ -31,7 +32,7 @@ def _request(tmp: Path, headroom_gib: float | None) -> TuneRequest:
 
 def _near_capacity(req: TuneRequest) -> Candidate:
     """A candidate whose predicted device total lies 0.6..1.9 GiB below the GPU's memory: it
-    fits with a 0.5 GiB headroom and not with the default 2 GiB."""
+    fits with a 0.5 GiB headroom and not with its peak phase's default (2.0 or 3.8 GiB)."""
     space = SearchSpace(model=req.model, cluster=req.cluster, workload=req.workload)
     cap = req.cluster.gpu.memory_gib
     rng = random.Random(0)
@@ -54,7 +55,8 @@ def test_the_users_headroom_decides_fitting_below_the_default(tmp_path: Path) ->
     assert prop.estimate.headroom_gib == 0.5
     default = _request(tmp_path, headroom_gib=None)
     prop = propose(default, c, StudyLearner(capacity_gib=default.cluster.gpu.memory_gib))
-    assert "headroom 2.0 GiB" in prop.unfit
+    phase = prop.estimate.device_peak_phase
+    assert f"in {phase} + headroom {phase_headroom_gib(phase):.1f} GiB" in prop.unfit
 
 
 def test_the_warm_start_keeps_the_users_headroom(tmp_path: Path) -> None:

@@ -90,15 +90,17 @@ def estimate(
     *,
     headroom_gib: float | None = None,
     verl_logits: str = DEFAULT_VERL,
+    rollout_in_actor: bool = False,
 ) -> Estimate:
     """Predicted phase times, throughput, MFU and per-phase peak memory of candidate `c`; it fits
     when each phase's device total plus `headroom_gib` (default: the phase's own,
     device.phase_headroom_gib) is at most the GPU's memory and vLLM has room for one sequence.
     `verl_logits`: the verl release whose full-logits passes are counted (estimate/logits.py;
-    the installed one's by default)."""
+    the installed one's by default); `rollout_in_actor`: vLLM ran inside the actor's process, as
+    in verl <= 0.5 (memory.memory_of)."""
     ctx = get_context(m, cl, w, profile or _DEFAULT_PROFILE)
     t = phase_times_of(ctx, c, verl_logits)
-    mem = memory_of(ctx, c, t.n_micro_update, verl_logits)
+    mem = memory_of(ctx, c, t.n_micro_update, verl_logits, rollout_in_actor=rollout_in_actor)
     step = t.step_s
     gpus = cl.num_gpus
     peak = mem.peak_gib

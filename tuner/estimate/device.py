@@ -14,6 +14,11 @@ not on PyTorch's allocated peak. Per GPU:
 - context: the CUDA context and the kernel images loaded into it, per process;
 - nccl: the buffers of each NCCL communicator the rank belongs to and uses (`nccl_gib`).
 
+verl 0.9.1's generation phase has a second process on the GPU, vLLM's worker: its budget
+(`gpu_memory_utilization` of the GPU) is among the allocated tensors, what it holds beyond the
+budget is `vllm_outside_gib`, and the actor holds VERL_ACTOR_RETAINED_GIB more outside its
+tensors there (tuner.estimate.memory `verl_generation_gib`).
+
 The headroom kept below the capacity depends on the phase (`PHASE_HEADROOM_GIB`, fitted by
 `tuner.fit.memory.fit_phase_headroom` on the committed leaderboards, scripts/memory_fit.py);
 what a study learns from its own trials is `tuner.fit.online.MemoryGuard`.
@@ -67,6 +72,43 @@ WORKSPACE_GIB = 0.1
 """cuBLAS (2 x 4 MiB per handle and stream, torch's Hopper default), cuBLASLt (32 MiB) and
 transformer-engine (32 MiB per stream) workspaces. PyTorch's caching allocator provides them, so
 they count in the allocated peak; the tensor model does not list them."""
+
+# verl 0.9.1's rollout: a vLLM worker process beside the actor's -------------------------------
+# verl 0.9.1 starts vLLM with its own worker processes (workers/rollout/vllm_rollout/
+# vllm_async_server.py `launch_server`: distributed_executor_backend "mp") and syncs the weights
+# to them by CUDA IPC; verl <= 0.5's sync-mode rollout built vLLM inside the actor's process
+# (vllm_rollout_spmd.py: LLM(distributed_executor_backend="external_launcher")). Measured on one
+# H100 by nvidia-smi every 0.5 s over verl4k-h100-x1 trial 4 (Qwen3-1.7B, param and optimizer
+# offload, gpu_memory_utilization 0.5 of 81559 MiB: a budget of 40779.5 MiB;
+# tests/data/verl_trials/h100_trial4/device-memory.csv, read by scripts/verl_memory_check.py).
+
+VLLM_PROCESS_GIB = 0.78
+"""What vLLM 0.24's worker process holds awake beyond its budget, per GPU of a rollout-TP-1
+replica. vLLM charges `gpu_memory_utilization` x the GPU's total memory (v1/worker/utils.py
+`request_memory`) only with what its process adds after a snapshot taken once the CUDA context
+and the distributed set-up exist (v1/worker/gpu_worker.py `init_device`; KV cache = budget -
+weights - the profiled activation peak - the non-torch increase - the CUDA-graph estimate,
+`determine_available_memory`): the context is outside the budget, the CUDA-graph pool inside it
+(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is on by default). Trial 4: the worker's start took the
+device from 1631 to 2317 MiB (0.67 GiB, the context), and step 1's generation, while the actor
+still held its start-up 1630 MiB, 43205 MiB: the budget + 795.5 MiB (0.78 GiB)."""
+VLLM_ASLEEP_GIB = 1.18
+"""What vLLM 0.24's worker keeps asleep, per GPU: verl puts it to sleep at level 2 after each
+generation (vllm_async_server.py `_sleep_hybrid`, `_resolve_sleep_level`), which releases only
+the allocations of its memory pool, weights and KV cache (device_allocator/cumem.py `sleep`);
+the CUDA context, the CUDA-graph pool and its kernels stay. Trial 4: 2835 MiB with vLLM asleep
+after its start-up, 1630 without it (1.18 GiB)."""
+VERL_ACTOR_RETAINED_GIB = 1.60
+"""What verl 0.9.1's actor process holds outside its tensors beyond CUDA_CONTEXT_GIB and
+WORKSPACE_GIB in the generation phase, per GPU, from its second step on. Trial 4: alone after
+its start-up (states offloaded) it held 1630 MiB (0.49 GiB over the model's 1.1); steps 2 and 3
+generated at 44339 MiB, vLLM's 41575 of step 1 (the actor then had run no log-prob or update
+pass) + 2764 MiB (2.70 GiB): 1.05 GiB more, kept since its first log-prob and update passes
+(kernels and workspaces kept once loaded, as LOCAL_SPEC_OUTSIDE_GIB's worker keeps more; not
+measured apart). Counted in generation only: the training phases' totals, which the megatron
+runner's view and the anchors' fit share, still count CUDA_CONTEXT_GIB (verl4k trial 3's
+update, 70.5 GiB measured, 66.1 predicted, lacks this and VLLM_ASLEEP_GIB)."""
+
 NCCL_SIMPLE_BUFFER_MIB = 4.0
 """NCCL_BUFFSIZE default: the Simple protocol's buffer per connection (4 MiB)."""
 NCCL_LL128_BUFFER_MIB = 120 * 640 * 8 * 8 / MIB
@@ -131,8 +173,9 @@ vLLM's fixed share), where no measured row asks more than MIN_HEADROOM_GIB. The 
 update_actor totals leave at least 9.2 GiB free (dapo_moe30b trial 4), so 3.8 GiB there prunes
 none of them, and every OOM row stays unfit (all are predicted above the capacity). Not fitted:
 the verl runner's rows of results/verl4k-h100-x1.csv (nvidia-smi's device peak, sampled over the
-whole trial and its processes) are 2.8-4.5 GiB above the whole step's predicted total (listed in
-the output)."""
+whole trial and its processes; listed in the output): their generation is predicted within 0.5
+GiB since it counts verl 0.9.1's vLLM process (VLLM_PROCESS_GIB, VERL_ACTOR_RETAINED_GIB), trial
+3's update peak is 4.5 GiB above (scripts/verl_memory_check.py)."""
 
 
 def phase_headroom_gib(phase: str) -> float:
@@ -233,6 +276,18 @@ def nccl_gib(lay: ParallelLayout, cluster: Cluster, *, moe: bool, tied: bool) ->
     return sum(
         communicator_gib(c, cluster.local_gpus) for c in communicators(lay, moe=moe, tied=tied)
     )
+
+
+def vllm_outside_gib(rollout_tp: int, cluster: Cluster, *, asleep: bool = False) -> float:
+    """vLLM's worker process per GPU beyond its budget awake (VLLM_PROCESS_GIB) or as it sleeps
+    (VLLM_ASLEEP_GIB), plus with rollout TP > 1 its tensor-parallel NCCL communicator, connected
+    before vLLM's snapshot (distributed/device_communicators/pynccl.py warms it up with an
+    all_reduce when the group is made) and kept asleep."""
+    own = VLLM_ASLEEP_GIB if asleep else VLLM_PROCESS_GIB
+    if rollout_tp <= 1:
+        return own
+    tp = Communicator(name="vLLM TP group", size=rollout_tp, stride=1)
+    return own + communicator_gib(tp, cluster.local_gpus)
 
 
 def slack_gib(transient_gib: float) -> float:

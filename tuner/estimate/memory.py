@@ -21,9 +21,11 @@ from tuner.estimate.context import (
 from tuner.estimate.device import (
     CUDA_CONTEXT_GIB,
     LOCAL_SPEC_OUTSIDE_GIB,
+    VERL_ACTOR_RETAINED_GIB,
     WORKSPACE_GIB,
     nccl_gib,
     slack_gib,
+    vllm_outside_gib,
 )
 from tuner.estimate.logits import DEFAULT_VERL, LOGIT_HELD_BYTES
 from tuner.estimate.micro_batches import peak_micro_tokens
@@ -77,6 +79,13 @@ micro-batch's stored activations at the start of the backward: Qwen3-1.7B full r
 at 15601 / 27630-token micro-batches
 (results/small16k-h100-x1.csv trials 2, 3) held 9.4 / 10.9 GiB beyond the states, 3.0 / 5.4 of
 activations (1.7 / 3.0 of them stored layer inputs) plus 7.5 of these."""
+VERL_SYNC_BUCKET_BYTES = 2048 << 20
+"""verl 0.9.1's weight-sync bucket: rollout.checkpoint_engine.update_weights_bucket_megabytes,
+2048 by default (verl/workers/config/rollout.py CheckpointEngineConfig; the recipes leave it).
+The actor allocates it for each sync (workers/rollout/vllm_rollout/bucketed_weight_transfer.py
+`BucketedWeightSender._init_buffer`: torch.empty on its GPU, opened by vLLM's worker through
+CUDA IPC) and frees it before vLLM's KV cache wakes."""
+
 BACKWARD_LAYER_GRADS = 1.0
 """Layers' worth of activation gradients the layer in backward holds beside its saved
 activations (the gradients of its intermediates are as large as they). Measured: Qwen3-1.7B,
@@ -130,7 +139,15 @@ class MemoryBreakdown:
     """The same in the log-prob passes."""
     generation_device_gib: float = 0.0
     """Device total in generation: its allocated peak + context + NCCL (verl empties the
-    allocator's cache before the rollout, so no slack)."""
+    allocator's cache before the rollout, so no slack) + `rollout_process_gib`."""
+    rollout_process_gib: float = 0.0
+    """What verl 0.9.1's two processes add to generation's device total over one process
+    holding actor and vLLM (verl <= 0.5; 0 with `rollout_in_actor`): vLLM's worker beyond its
+    budget and the actor's VERL_ACTOR_RETAINED_GIB, or the weight sync's surplus where the sync
+    holds more (`verl_generation_gib`)."""
+    weight_sync_device_gib: float = 0.0
+    """Device total while verl 0.9.1 syncs the weights, inside generation (0 with
+    `rollout_in_actor`)."""
     log_prob_device_gib: float = 0.0
     """Device total of the log-prob passes: allocated + slack + context + NCCL."""
     update_device_gib: float = 0.0
@@ -396,12 +413,48 @@ def kv_cache_bytes(ctx: Context, c: Candidate) -> float:
     return budget - used
 
 
+def verl_generation_gib(
+    ctx: Context, c: Candidate, actor_bytes: float, weights_bytes: float, nccl: float
+) -> tuple[float, float]:
+    """(device total of verl 0.9.1's rollout, of its weight sync) per GPU, GiB: two processes
+    on the GPU. Each step (workers/engine_workers.py `update_weights`) vLLM wakes its weights,
+    the actor sends its parameters in buckets and offloads them again under param offload, then
+    vLLM wakes its KV cache and generates.
+
+    Both hold the actor's `actor_bytes` (states left on the GPU, workspaces), CUDA_CONTEXT_GIB +
+    VERL_ACTOR_RETAINED_GIB outside them and its NCCL buffers `nccl`. The rollout adds vLLM's
+    budget and what its process holds beyond it (device.vllm_outside_gib). The sync adds the
+    parameters loaded for the export where offloaded (`get_per_tensor_param` ->
+    `load_megatron_model_to_gpu(load_grad=False)`, engine/megatron/transformer_impl.py), the
+    bucket (VERL_SYNC_BUCKET_BYTES), the export's transient (mbridge 0.15.1 core/bridge.py
+    `export_weights` makes each parameter whole: up to a vocabulary table, twice under TP, the
+    gathered shards and their merge), and vLLM asleep with its weights awake."""
+    outside = CUDA_CONTEXT_GIB + VERL_ACTOR_RETAINED_GIB + nccl
+    budget = c.gpu_memory_utilization * ctx.mem_bytes
+    rollout = (actor_bytes + budget) / GIB + outside + vllm_outside_gib(c.rollout_tp, ctx.cluster)
+    loaded = weights_bytes if c.param_offload else 0.0
+    export = ctx.vocab * ctx.hidden * BF16 * (2 if c.layout.tp > 1 else 1)
+    sent = actor_bytes + loaded + VERL_SYNC_BUCKET_BYTES + export
+    vllm = rollout_weight_bytes(ctx, c.rollout_tp, c.rollout_dp)
+    asleep = vllm_outside_gib(c.rollout_tp, ctx.cluster, asleep=True)
+    return rollout, (sent + vllm) / GIB + outside + asleep
+
+
 def memory_of(
-    ctx: Context, c: Candidate, n_micro_update: float = 0.0, verl_logits: str = DEFAULT_VERL
+    ctx: Context,
+    c: Candidate,
+    n_micro_update: float = 0.0,
+    verl_logits: str = DEFAULT_VERL,
+    *,
+    rollout_in_actor: bool = False,
 ) -> MemoryBreakdown:
     """The per-phase peaks of candidate `c` (n_micro_update: micro-batches per mini-batch, for
     how many are in flight under pipeline parallelism; 0 means 'at least pp'; `verl_logits`:
-    the verl release whose full-logits passes are counted, estimate/logits.py)."""
+    the verl release whose full-logits passes are counted, estimate/logits.py). Generation is
+    verl 0.9.1's, vLLM in a process of its own (`verl_generation_gib`); `rollout_in_actor`: one
+    process holds both, as in verl <= 0.5's sync-mode rollout (the published reference runs:
+    workers/rollout/vllm_rollout/vllm_rollout_spmd.py, distributed_executor_backend
+    "external_launcher"), whose generation is its tensors + CUDA_CONTEXT_GIB + NCCL."""
     lay = c.layout
     dense, expert = params_local(ctx, lay)
     n_local = dense + expert
@@ -480,6 +533,15 @@ def memory_of(
     outside = cuda_ctx + nccl
     slack_lp = slack_gib(lp_transient / g)
     slack_upd = slack_gib(upd_transient / g)
+    # generation is verl's (vLLM beside the actor's states in verl's worker process, with
+    # verl's kernels): the megatron-core runner's local-spec outside memory is its training
+    # worker's, not part of verl's rollout (the same candidate ran in real verl at 72.6
+    # GiB, results/verl4k-h100-x1.csv trial 1, where local_norms counted 77.6)
+    one_process = gen_peak / g + CUDA_CONTEXT_GIB + nccl
+    rollout_dev = sync_dev = one_process
+    if not rollout_in_actor:
+        rollout_dev, sync_dev = verl_generation_gib(ctx, c, gen_peak - rollout, weights, nccl)
+    gen_device = max(rollout_dev, sync_dev)
     return MemoryBreakdown(
         weights_gib=weights / g,
         grads_gib=grads / g,
@@ -500,11 +562,9 @@ def memory_of(
         update_transient_gib=upd_transient / g,
         slack_gib=slack_upd,
         log_prob_slack_gib=slack_lp,
-        # generation is verl's (vLLM beside the actor's states in verl's worker process, with
-        # verl's kernels): the megatron-core runner's local-spec outside memory is its training
-        # worker's, not part of verl's rollout (the same candidate ran in real verl at 72.6
-        # GiB, results/verl4k-h100-x1.csv trial 1, where local_norms counted 77.6)
-        generation_device_gib=gen_peak / g + CUDA_CONTEXT_GIB + nccl,
+        generation_device_gib=gen_device,
+        rollout_process_gib=gen_device - one_process,
+        weight_sync_device_gib=0.0 if rollout_in_actor else sync_dev,
         log_prob_device_gib=lp_peak / g + slack_lp + outside,
         update_device_gib=upd_peak / g + slack_upd + outside,
     )

@@ -98,6 +98,11 @@ class Case:
     verl_logits: str = DEFAULT_VERL
     """The verl release whose full-logits passes the row ran (estimate/logits.py): 0.4.1 for the
     notes' `full_logits_trials`."""
+    rollout_in_actor: bool = False
+    """vLLM ran in the actor's process, not beside it as in verl 0.9.1 (estimate/memory.py
+    `memory_of`): the reference rows, verl <= 0.5's sync-mode rollout (the GRPO script sets
+    rollout_mode="sync", the DAPO scripts keep that release's default, ppo_megatron_trainer.yaml
+    `rollout.mode: sync`)."""
 
     def predict(self, profile: Profile | None = None) -> Estimate:
         """The cost model's numbers for this row, as it ran."""
@@ -108,6 +113,7 @@ class Case:
             self.workload,
             profile,
             verl_logits=self.verl_logits,
+            rollout_in_actor=self.rollout_in_actor,
         )
 
 
@@ -280,6 +286,7 @@ def _reference_case(
         status=status,
         measured=measured,
         verl_logits=FULL_LOGITS_VERL if full_logits else DEFAULT_VERL,
+        rollout_in_actor=True,
     )
     bound = mfu_response_bound(row, case)
     if not response_mean and status == "ok":
