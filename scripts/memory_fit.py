@@ -14,8 +14,9 @@ ask and the most that its published runs (ok rows without a measure) allow; the 
 (`fit_phase_headroom`) against device.PHASE_HEADROOM_GIB; and the rows each headroom misjudges
 (ran but pruned, OOM but kept, under-predicted by more than the headroom) before (one 2.0 GiB)
 and after (per phase). The verl runner's rows (results/verl4k-h100-x1.csv) are listed, not
-fitted. Rows that the notes beside their CSV exclude (fit.toml, tuner.fit.notes) are left out
-(and named). Output committed as scripts/memory_fit.out.txt.
+fitted (scripts/verl_memory_check.py compares them phase by phase). Rows that the notes beside
+their CSV exclude (fit.toml, tuner.fit.notes) are left out (and named). Output committed as
+scripts/memory_fit.out.txt.
 """
 
 from __future__ import annotations
@@ -246,7 +247,10 @@ def _misjudged(rows: list[MemoryRow]) -> None:
 
 
 def _verl(rows: list[MemoryRow]) -> None:
-    print(f"\nnot fitted, {VERL.name} (nvidia-smi's sampled device peak of the whole GPU):")
+    print(
+        f"\nnot fitted, {VERL.name} (nvidia-smi's sampled device peak of the whole GPU; "
+        "scripts/verl_memory_check.py by phase):"
+    )
     for r in rows:
         before, after = (
             "unfit" if phases_unfit(r.devices_gib, r.capacity_gib, h) else "kept"
