@@ -42,7 +42,7 @@ EAGER_ROLLOUT = Candidate(
 """The rollout of results/verl4k-h100-x1.csv trial 6 and of the fast runner's eager row."""
 MEASURED_EAGER_S = {"vllm LLM.generate": 82.152, "verl 0.9.1": 108.186}
 """Eager generation of EAGER_ROLLOUT on one H100: the megatron runner's vLLM engine
-(gen-check-h100-x1 trial 4) and verl's timing_s/gen (verl4k-h100-x1 trial 6)."""
+(results/gen-check-local-h100-x1.csv trial 4) and verl's timing_s/gen (verl4k-h100-x1 trial 6)."""
 H100_EAGER_OP_HOST_S = 56.7e-6
 """The per-op host time scripts/eager_decode_fit.out.txt fits to both rows together."""
 

@@ -138,8 +138,8 @@ SAME_WORKLOAD = ("max_prompt_len", "max_response_len", "bs", "n", "mini_bs", "nu
 
 
 def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dict[str, Any], str]]:
-    """The ok rows of another leaderboard (e.g. real verl's) as (sampler params, origin), so this
-    study measures the same candidates with its own runner (issue 17: the fast runner against
+    """The ok rows of another leaderboard (e.g. real verl's) as (sampler params, origin), each
+    candidate once (its first row), so this study measures the same candidates with its own runner (issue 17: the fast runner against
     verl). Rows of another model, GPU count or workload are refused: one line, exit 2."""
     from tuner.errors import UserError
     from tuner.results import number, read_raw
@@ -157,6 +157,7 @@ def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dic
         "num_gpus": cl.num_gpus,
     }
     out: list[tuple[dict[str, Any], str]] = []
+    taken: list[Candidate] = []
     for r in rows:
         diff = [
             f"{k} {r.get(k)} (here {want[k]})" for k in SAME_WORKLOAD if number(r.get(k)) != want[k]
@@ -174,6 +175,9 @@ def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dic
                 f"--candidates-from {csv_path}: trial {r.get('trial')} is incomplete "
                 f"({type(e).__name__}: {e})"
             ) from None
+        if c in taken:  # a repeat row ("same candidate as trial N; not re-run"): once
+            continue
+        taken.append(c)
         out.append(
             (params_for(c, space), f"{CANDIDATES_FROM_ORIGIN} {csv_path.name} trial {r['trial']}")
         )
