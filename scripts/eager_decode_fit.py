@@ -10,8 +10,9 @@ log(predicted / measured) (the prediction rises with it), for all eager rows tog
 alone; and the same for the reference leaderboards' eager rows (tests/data/anchors: other hosts,
 vLLM before 0.24), whose generation check the default must keep.
 
-    python scripts/eager_decode_fit.py results/verl4k-h100-x1.csv results/gen-check-local-h100-x1.csv \
-        results/gen-check-h100-x1.csv > scripts/eager_decode_fit.out.txt
+    python scripts/eager_decode_fit.py results/verl4k-h100-x1.csv \
+        results/gen-check-local-h100-x1.csv results/gen-check-h100-x1.csv \
+        > scripts/eager_decode_fit.out.txt
 """
 
 from __future__ import annotations

@@ -19,6 +19,33 @@ import time
 from pathlib import Path
 
 GIB = float(2**30)
+CU_LIMIT_STACK_SIZE = 0x00
+CU_LIMIT_MALLOC_HEAP_SIZE = 0x02
+"""cuda.h CUlimit values: the per-thread stack, whose local-memory reservation the driver grows
+for a kernel that needs more and keeps (per SM x resident threads), and the device malloc heap."""
+
+
+def _driver() -> object:
+    import ctypes
+
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def ctx_limit(which: int) -> int:
+    """cuCtxGetLimit on the current context (the one torch made current), bytes; -1 on error."""
+    import ctypes
+
+    v = ctypes.c_size_t(0)
+    rc = _driver().cuCtxGetLimit(ctypes.byref(v), which)  # type: ignore[attr-defined]
+    return int(v.value) if rc == 0 else -1
+
+
+def set_ctx_limit(which: int, value: int) -> int:
+    """cuCtxSetLimit: setting the stack size again makes the driver re-size the local-memory
+    reservation to it (CUDA driver API docs, cuCtxSetLimit); returns the CUresult."""
+    import ctypes
+
+    return int(_driver().cuCtxSetLimit(which, ctypes.c_size_t(value)))  # type: ignore[attr-defined]
 
 
 def main(out: Path) -> int:
@@ -36,7 +63,9 @@ def main(out: Path) -> int:
         outside = used - resv
         line = (
             f"{name:<44} used {used:7.2f}  reserved {resv:7.2f}  allocated {alloc:7.2f}  "
-            f"outside {outside:6.2f} ({outside - last[0]:+.2f})"
+            f"outside {outside:6.2f} ({outside - last[0]:+.2f})  "
+            f"stack {ctx_limit(CU_LIMIT_STACK_SIZE)} B  "
+            f"heap {ctx_limit(CU_LIMIT_MALLOC_HEAP_SIZE)} B"
         )
         last[0] = outside
         print(line, flush=True)
@@ -46,6 +75,7 @@ def main(out: Path) -> int:
     torch.cuda.set_device(local_rank)
     torch.zeros(1, device="cuda")
     stage("CUDA context (torch.zeros(1))")
+    stack0 = ctx_limit(CU_LIMIT_STACK_SIZE)
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     (a @ a).sum().item()
     stage("first bf16 matmul (cuBLAS/cuBLASLt)")
@@ -103,6 +133,8 @@ def main(out: Path) -> int:
     gc.collect()
     torch.cuda.empty_cache()
     stage("after gc + empty_cache")
+    rc = set_ctx_limit(CU_LIMIT_STACK_SIZE, stack0)
+    stage(f"after cuCtxSetLimit(STACK_SIZE, {stack0}) rc {rc}")
     meter.stop()
     out.write_text("\n".join(lines) + "\n")
     dist.destroy_process_group()

@@ -139,8 +139,9 @@ SAME_WORKLOAD = ("max_prompt_len", "max_response_len", "bs", "n", "mini_bs", "nu
 
 def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dict[str, Any], str]]:
     """The ok rows of another leaderboard (e.g. real verl's) as (sampler params, origin), each
-    candidate once (its first row), so this study measures the same candidates with its own runner (issue 17: the fast runner against
-    verl). Rows of another model, GPU count or workload are refused: one line, exit 2."""
+    candidate once (its first row), so this study measures the same candidates with its own
+    runner (issue 17: the fast runner against verl). Rows of another model, GPU count or
+    workload are refused: one line, exit 2."""
     from tuner.errors import UserError
     from tuner.results import number, read_raw
 
