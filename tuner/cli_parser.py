@@ -23,6 +23,7 @@ from tuner.cli_args import (
     study_name,
     verl_override_text,
 )
+from tuner.estimate.device import PHASE_HEADROOM_GIB
 from tuner.megatron_layers import LAYER_SPEC_CHOICES
 
 DESCRIPTION = """\
@@ -260,8 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--headroom-gib",
         type=non_negative_float,
         default=None,
-        help="GPU memory to keep free when pruning what cannot fit (default: learned from "
-        "measured trials)",
+        help="GPU memory (GiB) to keep free in every phase when pruning what cannot fit "
+        "(default: each phase's own, fitted on measured rows: "
+        + ", ".join(f"{p} {v:g}" for p, v in PHASE_HEADROOM_GIB.items())
+        + "; a study's memory guard then learns from its own trials)",
     )
     g.add_argument(
         "--profile",
