@@ -1,17 +1,30 @@
 """Where the megatron worker's device memory outside PyTorch's allocator comes from: the device's
 used memory (total - free) minus PyTorch's reserved memory, read after each start-up stage of
-the worker and around one real trial (estimate/device.py LOCAL_SPEC_OUTSIDE_GIB: 8.4-9.0 GiB
-measured per process, most of it unexplained). On one GPU host with the wheels installed
-(scripts/gpu_setup.sh), from the repository root:
+the worker and around one real trial (one Qwen3-1.7B full-recompute trial of the small H100
+study). On one GPU host with the wheels installed (scripts/gpu_setup.sh), from the repository
+root:
 
     torchrun --standalone --nproc-per-node 1 scripts/gpu_outside_probe.py OUT.txt
+    torchrun --standalone --nproc-per-node 1 scripts/gpu_outside_probe.py OUT.txt --eager-nccl
 
-Prints one line per stage: used, reserved, allocated, outside (GiB), and what changed. Output
-of the run on one H100 (torch 2.11, megatron-core 0.19.2): scripts/gpu_outside_probe.out.txt.
+The first initialises NCCL lazily, as the worker does (init_process_group without device_id,
+tuner/runners/megatron_worker/main.py); the second (or PROBE_EAGER_NCCL=1) passes device_id, as
+the worker did before: torch then initialises NCCL eagerly and each new_group of megatron's
+initialize_model_parallel splits a communicator at once. Prints one line per stage: used,
+reserved, allocated, outside (GiB), what changed, and the context's stack and malloc-heap limits.
+
+Outputs on one H100 (torch 2.11, NCCL from torch's wheel, megatron-core 0.19.2), the same trial
+with the same times and PyTorch peaks (reserved 40.75, allocated 38.37 GiB):
+scripts/gpu_outside_probe.out.txt by --eager-nccl (the script as it was, with device_id): 8.89
+GiB outside at the trial's peak, 7.60 of it appearing in the trial and kept after it;
+scripts/gpu_outside_probe_lazy.out.txt by the first command: 2.43 GiB (the default communicator
+at the first all_reduce, 0.55, and 1.14 in the trial, the groups it used). estimate/device.py
+MEGATRON_WORKER_GIB is the second, EAGER_NCCL_EXCESS_GIB the first less the second (6.46).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -48,7 +61,7 @@ def set_ctx_limit(which: int, value: int) -> int:
     return int(_driver().cuCtxSetLimit(which, ctypes.c_size_t(value)))  # type: ignore[attr-defined]
 
 
-def main(out: Path) -> int:
+def main(out: Path, *, eager_nccl: bool = False) -> int:
     import torch
 
     lines: list[str] = []
@@ -81,7 +94,9 @@ def main(out: Path) -> int:
     stage("first bf16 matmul (cuBLAS/cuBLASLt)")
     import torch.distributed as dist
 
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    # device_id makes torch initialise NCCL eagerly (the worker before it went lazy)
+    eager = {"device_id": torch.device("cuda", local_rank)} if eager_nccl else {}
+    dist.init_process_group("nccl", **eager)
     stage("init_process_group (nccl)")
     t = torch.ones(1 << 20, device="cuda")
     dist.all_reduce(t)
@@ -167,9 +182,18 @@ def write_spec(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "outside_probe.txt")
+    ap = argparse.ArgumentParser(prog="scripts/gpu_outside_probe.py")
+    ap.add_argument("out", nargs="?", type=Path, default=Path("outside_probe.txt"))
+    ap.add_argument(
+        "--eager-nccl",
+        action="store_true",
+        default=os.environ.get("PROBE_EAGER_NCCL") == "1",
+        help="init_process_group with device_id (eager NCCL, the worker before); "
+        "also PROBE_EAGER_NCCL=1",
+    )
+    args = ap.parse_args()
     if os.environ.get("LOCAL_RANK") is None:
         print("run under torchrun (see the docstring)", file=sys.stderr)
         sys.exit(2)
-    write_spec(out.with_suffix(".spec.json"))
-    sys.exit(main(out))
+    write_spec(args.out.with_suffix(".spec.json"))
+    sys.exit(main(args.out, eager_nccl=args.eager_nccl))

@@ -57,7 +57,14 @@ class _Ctx:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
         if not dist.is_initialized():
-            dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+            # Lazy NCCL (estimate/device.py WORKER_NCCL_INIT): no device_id, as verl 0.9.1's
+            # actor (utils/distributed.py initialize_global_process_group_ray, called by
+            # workers/engine_workers.py TrainingWorker). With device_id torch initialises NCCL
+            # eagerly and every new_group of megatron's initialize_model_parallel splits a
+            # communicator at once (~0.38 GiB each, 20 at world 1, never returned): on one H100
+            # (torch 2.11) the process held 8.89 GiB outside PyTorch in a Qwen3-1.7B trial, 2.43
+            # without, with the same times and PyTorch peaks (scripts/gpu_outside_probe.py).
+            dist.init_process_group("nccl")
         from tuner.runners.megatron_worker.attention import choose_attention
         from tuner.runners.megatron_worker.memory import MemoryMeter
 
