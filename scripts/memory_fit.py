@@ -7,16 +7,16 @@
 Prints, per measured row, the predicted allocated / reserved / device peaks beside the measured
 ones; the least-squares fit of the allocator slack (reserved - allocated = fixed + fraction x
 transient) that estimate/device.py's SLACK_* record; the device - reserved that its
-CUDA_CONTEXT_GIB records; and `fit_memory` of the raw model (scale 1, offset 0) and with a fitted
-scale. Then what sets the headroom: for each split of the rows (MoE, 16k sequences, offload,
-expert parallel, recompute, GPU, the phase that peaks), the headroom each group's measured rows
-ask and the most that its published runs (ok rows without a measure) allow; the per-phase fit
-(`fit_phase_headroom`) against device.PHASE_HEADROOM_GIB; and the rows each headroom misjudges
-(ran but pruned, OOM but kept, under-predicted by more than the headroom) before (one 2.0 GiB)
-and after (per phase). The verl runner's rows (results/verl4k-h100-x1.csv) are listed, not
-fitted (scripts/verl_memory_check.py compares them phase by phase). Rows that the notes beside
-their CSV exclude (fit.toml, tuner.fit.notes) are left out (and named). Output committed as
-scripts/memory_fit.out.txt.
+MEGATRON_WORKER_GIB (+ EAGER_NCCL_EXCESS_GIB on the rows measured with eager NCCL) records; and
+`fit_memory` of the raw model (scale 1, offset 0) and with a fitted scale. Then what sets the
+headroom: for each split of the rows (MoE, 16k sequences, offload, expert parallel, recompute, GPU,
+the phase that peaks), the headroom each group's measured rows ask and the most that its published
+runs (ok rows without a measure) allow; the per-phase fit (`fit_phase_headroom`) against
+device.PHASE_HEADROOM_GIB; and the rows each headroom misjudges (ran but pruned, OOM but kept,
+under-predicted by more than the headroom) before (one 2.0 GiB) and after (per phase). The verl
+runner's rows (results/verl4k-h100-x1.csv) are listed, not fitted (scripts/verl_memory_check.py
+compares them phase by phase). Rows that the notes beside their CSV exclude (fit.toml,
+tuner.fit.notes) are left out (and named). Output committed as scripts/memory_fit.out.txt.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ from tuner.fit.memory import (
     MemoryRow,
     fit_memory,
     fit_phase_headroom,
+    measuring_process_gib,
     misjudged,
+    outside_gib,
     rows_from_leaderboards,
 )
 from tuner.fit.notes import excluded_rows
@@ -98,7 +100,7 @@ def main(argv: list[str]) -> int:
             m = case.predict().memory
             alloc = m.update_peak_gib - m.reference_gib  # the megatron runner's peak phase
             resv = alloc + m.slack_gib
-            dev = resv + m.overhead_gib
+            dev = resv + outside_gib(m, measuring_process_gib(row))
             errs["allocated"].append((alloc - ma) / ma)
             errs["reserved"].append((resv - mr) / mr)
             xs.append(m.update_transient_gib)
@@ -130,7 +132,8 @@ def main(argv: list[str]) -> int:
         print(
             f"device - reserved: median {statistics.median(outside):.2f} GiB, range "
             f"{min(outside):.2f}..{max(outside):.2f} over {len(outside)} rows "
-            "(device.LOCAL_SPEC_OUTSIDE_GIB + nccl_gib)"
+            "(device.MEGATRON_WORKER_GIB + nccl_gib, + EAGER_NCCL_EXCESS_GIB where the "
+            "row's extra has no nccl_init=lazy)"
         )
     rows = rows_from_leaderboards(paths)
     for label, kw in (("raw model", {"fit_scale": False}), ("fitted", {})):

@@ -379,9 +379,9 @@ def test_largest_micro_batch_is_the_runners_plan(name: str, trial: str) -> None:
 def test_local_spec_keeps_the_unfused_swiglu_and_fp32_norm_inputs() -> None:
     """Without bias_activation_fusion the SwiGLU keeps silu(x1) too (one more ffn/tp-wide bf16
     tensor); with every TE/apex fusion off (the megatron-core runner) the two RMSNorms keep
-    their fp32 input (8 bytes per hidden unit), and the process holds LOCAL_SPEC_OUTSIDE_GIB
-    outside PyTorch instead of CUDA_CONTEXT_GIB."""
-    from tuner.estimate.device import LOCAL_SPEC_OUTSIDE_GIB
+    their fp32 input (8 bytes per hidden unit). What the process holds outside PyTorch is the
+    runner's, not the layers': CUDA_CONTEXT_GIB for both here (the megatron runner's view puts
+    its worker's in its place: tests/estimate/test_device.py)."""
     from tuner.estimate.memory import activation_bytes_per_token_layer
 
     base = cand("tp2", 2)
@@ -399,8 +399,7 @@ def test_local_spec_keeps_the_unfused_swiglu_and_fp32_norm_inputs() -> None:
     h200x2 = Cluster(gpu=GPUS["h200"], num_gpus=2, gpus_per_node=2)
     m0 = memory(base, QWEN7B, h200x2, DAPO, P)
     m2 = memory(local, QWEN7B, h200x2, DAPO, P)
-    assert m0.cuda_context_gib == CUDA_CONTEXT_GIB
-    assert m2.cuda_context_gib == LOCAL_SPEC_OUTSIDE_GIB
+    assert m0.cuda_context_gib == m2.cuda_context_gib == CUDA_CONTEXT_GIB
 
 
 def test_dense_tp2_without_recompute_is_measured_within_three_percent() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tuner.estimate import estimate
+from tuner.estimate.device import CUDA_CONTEXT_GIB, MEGATRON_WORKER_GIB, WORKER_NCCL_INIT
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import get_model
 from tuner.results import Status
@@ -170,6 +171,7 @@ def test_ok_row_has_both_phases_memory_three_ways_and_launch_time(tmp_path: Path
     assert row.hardware == "8x NVIDIA H100 80GB HBM3"
     assert "megatron_core=0.19.2" in row.versions
     assert row.extra["attention"] == "varlen_attn" and row.extra["mini_batches_run"] == 2
+    assert row.extra["nccl_init"] == "lazy"  # the fit tells the eager worker's rows by it
     assert (t.trial_dir / "spec.json").is_file()
     assert "fake worker ok" in Path(row.log_path).read_text()
 
@@ -180,6 +182,7 @@ def test_oom_result_and_oom_crash_are_oom_rows(tmp_path: Path):
     assert row.extra["oom_device_gib"] == 79.2 and row.extra["oom_allocated_gib"] == 70.1
     row = fake_runner(tmp_path, "crash-oom").run(trial(tmp_path))
     assert row.status is Status.OOM and "CUDA out of memory" in row.reason
+    assert row.extra["nccl_init"] == "lazy"  # a row without the worker's result says it too
 
 
 def test_a_hang_is_a_timeout_row(tmp_path: Path):
@@ -243,6 +246,12 @@ def test_prediction_is_old_log_prob_and_update() -> None:
     p = MegatronRunner().predicted(e, cl)
     assert p.phase == "update_actor"
     assert p.peak_gib == pytest.approx(e.memory.update_peak_gib - e.memory.reference_gib)
+    # the device total is the worker process's: its outside memory for verl's context, whatever
+    # layers it builds (these kernels are the te layers')
+    mem = e.memory
+    assert p.device_gib == pytest.approx(
+        mem.update_device_gib - mem.reference_gib - CUDA_CONTEXT_GIB + MEGATRON_WORKER_GIB
+    )
     # vLLM's 90% share makes the whole step not fit; the update alone does
     assert not e.fits and not p.unfit
     assert p.tokens_per_s_per_gpu == pytest.approx(
@@ -291,3 +300,26 @@ def test_space_offers_no_recompute_module_the_worker_cannot_build() -> None:
     # a dense model's space (no MoE module offered) keeps its fingerprint
     dense = get_model("qwen2.5-7b")
     assert MegatronRunner().space_limits(dense).recompute_modules_refused == ()
+
+
+def test_the_worker_starts_nccl_lazily() -> None:
+    """The worker's init_process_group passes no device_id (WORKER_NCCL_INIT, what its rows
+    record): with one, torch initialises NCCL eagerly and each of megatron's groups splits a
+    communicator at once, 6.46 GiB more outside PyTorch on one H100 (estimate/device.py
+    EAGER_NCCL_EXCESS_GIB). Megatron cannot run here, so the call is read from the source."""
+    import ast
+
+    import tuner.runners.megatron_worker.main as worker_main
+
+    tree = ast.parse(Path(worker_main.__file__).read_text())
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "init_process_group"
+    ]
+    assert len(calls) == 1
+    assert [k.arg for k in calls[0].keywords] == []
+    assert [a.value for a in calls[0].args if isinstance(a, ast.Constant)] == ["nccl"]
+    assert WORKER_NCCL_INIT == "lazy"

@@ -35,6 +35,7 @@ from tuner.space import ParallelLayout
 
 if TYPE_CHECKING:
     from tuner.estimate import Estimate
+    from tuner.estimate.memory import MemoryBreakdown
 
 MIB = 1024**2
 
@@ -48,26 +49,32 @@ loads, per GPU, outside PyTorch's allocator. With lazy module loading (CUDA_MODU
 the default since CUDA 12.2) the bare context of a torch process on an H100 is ~0.5 GiB;
 cuBLAS, cuDNN, NCCL, flash-attention, vLLM's and transformer-engine's kernels add a few hundred
 MiB as they are first used. Not measured at device level yet (the anchors' verl rows carry no
-device memory); LOCAL_SPEC_OUTSIDE_GIB is what the megatron-core runner measured."""
-LOCAL_SPEC_OUTSIDE_GIB = 8.9
-"""Device memory the megatron-core runner's worker process (megatron-core's local spec, no
-transformer-engine or apex) holds outside PyTorch's allocator beside its NCCL buffers, per GPU:
-measured device used (total - free, torch.cuda.mem_get_info) minus PyTorch's reserved peak.
-One H100, world 1, so no NCCL peers (results/small16k-h100-x1.csv, 12 ok rows): 8.88..8.96
-GiB whatever the model, recompute, offload or token budget; 2 H200s (dense8k/moe8k-h200-x2.csv,
-9 rows): 8.41..8.75 GiB, no more, so it is a per-process constant, and the communicators of a
-2-rank NVLink job add nothing measurable (nccl_gib still adds 1.7..2.7 GiB there from NCCL's
-default buffer sizes: kept as margin, it is what larger worlds need). It is this process's own:
-the OOM of moe8k-h200-x2.csv trial 2 reports 139.37 GiB in use by the process, 130.92 GiB of
-it PyTorch's (8.45 outside). A bare CUDA context is ~0.5 GiB and cuBLAS/cuBLASLt workspaces
-come from the caching allocator (inside reserved). Probed on one H100
-(`scripts/gpu_outside_probe.py`, output in scripts/gpu_outside_probe.out.txt): the start-up
-stages account for 1.28 GiB (CUDA context 0.60, cuBLAS 0.06, NCCL init 0.55, attention check
-0.06, megatron import 0); the other 7.60 GiB appear during the first trial (one Qwen3-1.7B
-full-recompute trial) and stay after it, after gc and empty_cache: memory the driver keeps for
-the process once a kernel has needed it (what kernel, not yet known; a per-thread local-memory
-reservation grown by one kernel is the likely form). It is not
-PyTorch's, so `expandable_segments` or emptying the cache does not return it."""
+device memory); MEGATRON_WORKER_GIB is what the megatron runner's worker process measured."""
+MEGATRON_WORKER_GIB = 2.43
+"""Device memory the megatron runner's worker process (tuner.runners.megatron_worker, te or
+local layers alike) holds outside PyTorch's allocator beside nccl_gib, per GPU, since it
+initialises NCCL lazily (WORKER_NCCL_INIT). Measured on one H100, world 1 (torch 2.11,
+megatron-core 0.19.2; scripts/gpu_outside_probe.py, output gpu_outside_probe_lazy.out.txt):
+device used (total - free) minus PyTorch's reserved peak in one Qwen3-1.7B full-recompute
+trial, 2.43 GiB: CUDA context 0.60, cuBLAS 0.06, the default communicator 0.55 (made at the
+first all_reduce), the attention check 0.06, and 1.14 during the trial, the communicators of
+the megatron groups it used (~0.38 GiB each, one per group at its first collective, also for
+a group of one rank). Larger worlds add nccl_gib as before (the communicators of more than one
+rank; it counts the default and the used groups again: margin, not measured yet)."""
+EAGER_NCCL_EXCESS_GIB = 6.46
+"""What the worker held beyond MEGATRON_WORKER_GIB while it initialised NCCL eagerly
+(init_process_group with device_id): each of the ~20 new_group calls of megatron's
+initialize_model_parallel split a communicator at once (NCCL_DEBUG=INFO: 1 + 20
+ncclCommSplit at world 1, ~0.38 GiB each, kept to the end). The same trial on the same H100:
+8.89 GiB outside PyTorch eager (gpu_outside_probe.out.txt), 2.43 lazy, times and PyTorch peaks
+equal. Rows measured then (their extra has no `nccl_init=lazy`): results/small16k-h100-x1.csv
+8.88..8.96 GiB, dense8k/moe8k-h200-x2.csv 8.41..8.75 (world 2). tuner.fit.memory adds it to
+their prediction; nothing else does."""
+NCCL_INIT_KEY = "nccl_init"
+"""The extra key of a megatron-runner row that says how its worker initialised NCCL."""
+WORKER_NCCL_INIT = "lazy"
+"""How the megatron runner's worker initialises NCCL (runners/megatron_worker/main.py:
+init_process_group without device_id, as verl 0.9.1's actor); its rows' extra records it."""
 WORKSPACE_GIB = 0.1
 """cuBLAS (2 x 4 MiB per handle and stream, torch's Hopper default), cuBLASLt (32 MiB) and
 transformer-engine (32 MiB per stream) workspaces. PyTorch's caching allocator provides them, so
@@ -104,10 +111,10 @@ WORKSPACE_GIB in the generation phase, per GPU, from its second step on. Trial 4
 its start-up (states offloaded) it held 1630 MiB (0.49 GiB over the model's 1.1); steps 2 and 3
 generated at 44339 MiB, vLLM's 41575 of step 1 (the actor then had run no log-prob or update
 pass) + 2764 MiB (2.70 GiB): 1.05 GiB more, kept since its first log-prob and update passes
-(kernels and workspaces kept once loaded, as LOCAL_SPEC_OUTSIDE_GIB's worker keeps more; not
-measured apart). Counted in generation only: the training phases' totals, which the megatron
-runner's view and the anchors' fit share, still count CUDA_CONTEXT_GIB (verl4k trial 3's
-update, 70.5 GiB measured, 66.1 predicted, lacks this and VLLM_ASLEEP_GIB)."""
+(kernels and workspaces kept once loaded; not measured apart). Counted in generation only:
+verl's training phases still count CUDA_CONTEXT_GIB (verl4k trial 3's update, 70.5 GiB
+measured, 66.1 predicted, lacks this and VLLM_ASLEEP_GIB); the megatron runner's view counts
+its worker's MEGATRON_WORKER_GIB instead (memory_view `process_gib`)."""
 
 NCCL_SIMPLE_BUFFER_MIB = 4.0
 """NCCL_BUFFSIZE default: the Simple protocol's buffer per connection (4 MiB)."""
@@ -175,7 +182,9 @@ none of them, and every OOM row stays unfit (all are predicted above the capacit
 the verl runner's rows of results/verl4k-h100-x1.csv (nvidia-smi's device peak, sampled over the
 whole trial and its processes; listed in the output): their generation is predicted within 0.5
 GiB since it counts verl 0.9.1's vLLM process (VLLM_PROCESS_GIB, VERL_ACTOR_RETAINED_GIB), trial
-3's update peak is 4.5 GiB above (scripts/verl_memory_check.py)."""
+3's update peak is 4.5 GiB above (scripts/verl_memory_check.py). The worker's rows of eager NCCL
+count MEGATRON_WORKER_GIB + EAGER_NCCL_EXCESS_GIB outside PyTorch, 8.89 GiB where the fit had
+8.9: each 0.01 GiB lower, update_actor's fit 3.81, kept at 3.8."""
 
 
 def phase_headroom_gib(phase: str) -> float:
@@ -208,7 +217,8 @@ def communicators(lay: ParallelLayout, *, moe: bool, tied: bool) -> list[Communi
     """The NCCL communicators (size > 1) one actor rank connects in a verl Megatron step.
 
     megatron-core 0.19 `parallel_state.initialize_model_parallel` creates ~20 NCCL groups, but
-    torch creates a communicator lazily at a group's first collective and NCCL connects the
+    torch creates a communicator lazily at a group's first collective (where init_process_group
+    had no device_id: verl 0.9.1, WORKER_NCCL_INIT) and NCCL connects the
     buffers of the algorithms used (NCCL_RUNTIME_CONNECT), so only the groups a step uses cost
     memory: the distributed optimizer's reduce-scatter/all-gather over DATA_PARALLEL_GROUP_WITH_CP
     (EXPERT_DATA_PARALLEL_GROUP for experts), its grad-norm all-reduce over
@@ -333,6 +343,29 @@ _ALLOCATED_OF = {
 }
 
 
+def megatron_worker_gib(*, eager_nccl: bool = False) -> float:
+    """What the megatron runner's worker process holds outside PyTorch beside nccl_gib, per GPU:
+    MEGATRON_WORKER_GIB, plus EAGER_NCCL_EXCESS_GIB where it initialised NCCL eagerly (a row
+    measured before WORKER_NCCL_INIT)."""
+    return MEGATRON_WORKER_GIB + (EAGER_NCCL_EXCESS_GIB if eager_nccl else 0.0)
+
+
+def phase_devices(
+    mem: MemoryBreakdown,
+    phases: tuple[str, ...],
+    *,
+    drop_reference: bool = False,
+    process_gib: float | None = None,
+) -> dict[str, float]:
+    """Each phase's device total as a runner sees it (`memory_view`'s `drop_reference` and
+    `process_gib`)."""
+    ref = mem.reference_gib if drop_reference else 0.0
+    own = 0.0 if process_gib is None else process_gib - mem.cuda_context_gib
+    return {
+        p: getattr(mem, DEVICE_OF[p]) - ref + (own if p != "generation" else 0.0) for p in phases
+    }
+
+
 def memory_view(
     pred: Estimate,
     cluster: Cluster,
@@ -340,15 +373,19 @@ def memory_view(
     phases: tuple[str, ...] = ("generation", "old_log_prob", "update_actor"),
     drop_reference: bool = False,
     headroom_gib: float | None = None,
+    process_gib: float | None = None,
 ) -> tuple[float, float, str, str]:
     """(allocated peak, device total, its phase, why unfit or '') over the `phases` a runner
-    runs; `drop_reference` leaves out the reference model's weights (a runner that builds none).
-    Unfit: a phase's device total + headroom > the GPU's memory; the headroom is `headroom_gib`,
-    else the one `pred` was estimated with (`estimate(headroom_gib=...)`: the study's
-    --headroom-gib where it gave one), else each phase's own (`phase_headroom_gib`)."""
+    runs; `drop_reference` leaves out the reference model's weights (a runner that builds none);
+    `process_gib`: what the runner's training process holds outside PyTorch beside NCCL, in
+    place of verl's CUDA_CONTEXT_GIB in the training phases (the megatron runner's worker:
+    `megatron_worker_gib`; generation stays verl's). Unfit: a phase's device total + headroom >
+    the GPU's memory; the headroom is `headroom_gib`, else the one `pred` was estimated with
+    (`estimate(headroom_gib=...)`: the study's --headroom-gib where it gave one), else each
+    phase's own (`phase_headroom_gib`)."""
     mem = pred.memory
     ref = mem.reference_gib if drop_reference else 0.0
-    devices = {p: getattr(mem, DEVICE_OF[p]) - ref for p in phases}
+    devices = phase_devices(mem, phases, drop_reference=drop_reference, process_gib=process_gib)
     device, phase = max((d, p) for p, d in devices.items())
     peak = max(getattr(mem, _ALLOCATED_OF[p]) - ref for p in phases)
     headroom = pred.headroom_gib if headroom_gib is None else headroom_gib

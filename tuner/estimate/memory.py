@@ -20,7 +20,6 @@ from tuner.estimate.context import (
 )
 from tuner.estimate.device import (
     CUDA_CONTEXT_GIB,
-    LOCAL_SPEC_OUTSIDE_GIB,
     VERL_ACTOR_RETAINED_GIB,
     WORKSPACE_GIB,
     nccl_gib,
@@ -127,7 +126,8 @@ class MemoryBreakdown:
     workspace_gib: float = 0.0
     """cuBLAS / cuBLASLt / transformer-engine workspaces (inside the allocated peaks)."""
     cuda_context_gib: float = 0.0
-    """CUDA context and loaded kernels of the process (outside PyTorch)."""
+    """CUDA context and loaded kernels of verl's process (outside PyTorch; the megatron runner's
+    worker holds its own in their place: device.memory_view `process_gib`)."""
     nccl_gib: float = 0.0
     """Buffers of the NCCL communicators the rank uses (outside PyTorch; device.nccl_gib)."""
     update_transient_gib: float = 0.0
@@ -227,9 +227,10 @@ def _selective_modules(c: Candidate) -> frozenset[str]:
 
 def local_norms(c: Candidate) -> bool:
     """The candidate runs megatron-core's local spec, without transformer-engine / apex
-    kernels (its RMSNorms are torch.nn.RMSNorm; its process is the megatron-core runner's
-    worker, device.LOCAL_SPEC_OUTSIDE_GIB): the megatron-core runner turns off every fusion
-    that needs them (tuner/runners/megatron.py FIXED), verl's defaults keep them on."""
+    kernels (its RMSNorms are torch.nn.RMSNorm): the megatron-core runner's local layers turn
+    off every fusion that needs them (tuner/runners/megatron.py MEGATRON_PINNED), verl's
+    defaults keep them on. What its process holds outside PyTorch is the runner's, not the
+    layers' (device.memory_view `process_gib`)."""
     return not (
         getattr(c, "bias_activation_fusion", True)
         or getattr(c, "apply_rope_fusion", True)
@@ -528,15 +529,17 @@ def memory_of(
     upd_peak = weights + grads + optim + critic + ref_w + upd_transient + ws
     kv = kv_cache_bytes(ctx, c)
     g = GIB
-    cuda_ctx = LOCAL_SPEC_OUTSIDE_GIB if local_norms(c) else CUDA_CONTEXT_GIB
+    # verl's process; the megatron runner's worker holds its own outside memory in the
+    # training phases (device.memory_view `process_gib`, MEGATRON_WORKER_GIB)
+    cuda_ctx = CUDA_CONTEXT_GIB
     nccl = _nccl_of(ctx, lay)
     outside = cuda_ctx + nccl
     slack_lp = slack_gib(lp_transient / g)
     slack_upd = slack_gib(upd_transient / g)
     # generation is verl's (vLLM beside the actor's states in verl's worker process, with
-    # verl's kernels): the megatron-core runner's local-spec outside memory is its training
-    # worker's, not part of verl's rollout (the same candidate ran in real verl at 72.6
-    # GiB, results/verl4k-h100-x1.csv trial 1, where local_norms counted 77.6)
+    # verl's kernels), whatever layers the megatron runner's worker builds (the same
+    # candidate ran in real verl at 72.6 GiB, results/verl4k-h100-x1.csv trial 1, where the
+    # worker's outside memory once counted 77.6)
     one_process = gen_peak / g + CUDA_CONTEXT_GIB + nccl
     rollout_dev = sync_dev = one_process
     if not rollout_in_actor:

@@ -16,10 +16,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.estimate.device import DEVICE_OF, MIN_HEADROOM_GIB, memory_view, phases_unfit
+from tuner.estimate.device import (
+    DEVICE_OF,
+    MIN_HEADROOM_GIB,
+    NCCL_INIT_KEY,
+    WORKER_NCCL_INIT,
+    megatron_worker_gib,
+    memory_view,
+    phase_devices,
+    phases_unfit,
+)
+from tuner.estimate.memory import MemoryBreakdown
 from tuner.fit.notes import excluded_rows
 from tuner.fit.validate import load_cases
-from tuner.results import number, read_rows
+from tuner.results import number, parse_extra, read_rows
 
 HEADROOM_MARGIN_GIB = 0.5
 """Added to the largest under-prediction of the fitted rows."""
@@ -229,13 +239,13 @@ def rows_from_leaderboards(
             if f"{path.name}:{row.get('trial', '')}" in skip:
                 continue
             e = case.predict()
-            megatron = row.get("runner") == "megatron" or row.get("source") == "megatron"
+            process = measuring_process_gib(row)
+            megatron = process is not None
             phases = ("old_log_prob", "update_actor") if megatron else _ALL_PHASES
             _, device, phase, _ = memory_view(
-                e, case.cluster, phases=phases, drop_reference=megatron
+                e, case.cluster, phases=phases, drop_reference=megatron, process_gib=process
             )
             mem = e.memory
-            ref = mem.reference_gib if megatron else 0.0
             slack = {"update_actor": mem.slack_gib, "old_log_prob": mem.log_prob_slack_gib}
             out.append(
                 MemoryRow(
@@ -245,9 +255,11 @@ def rows_from_leaderboards(
                     measured_device_gib=number(row.get("peak_mem_device_gib")),
                     measured_reserved_gib=number(row.get("peak_mem_reserved_gib")),
                     measured_allocated_gib=number(row.get("peak_mem_gib")),
-                    predicted_outside_gib=mem.overhead_gib,
+                    predicted_outside_gib=outside_gib(mem, process),
                     predicted_slack_gib=slack.get(phase, 0.0),
-                    devices_gib={p: getattr(mem, DEVICE_OF[p]) - ref for p in phases},
+                    devices_gib=phase_devices(
+                        mem, phases, drop_reference=megatron, process_gib=process
+                    ),
                     label=case.label,
                 )
             )
@@ -255,3 +267,20 @@ def rows_from_leaderboards(
 
 
 _ALL_PHASES = ("generation", "old_log_prob", "update_actor")
+
+
+def measuring_process_gib(row: Mapping[str, str]) -> float | None:
+    """What the process that measured `row` held outside PyTorch beside NCCL where it was not
+    verl's (None: verl's, CUDA_CONTEXT_GIB): the megatron runner's worker, with its eager-NCCL
+    excess on the rows measured before it initialised NCCL lazily (their extra has no
+    `nccl_init=lazy`: device.EAGER_NCCL_EXCESS_GIB). The one place an old row is told apart."""
+    if row.get("runner") != "megatron" and row.get("source") != "megatron":
+        return None
+    init = parse_extra(row.get("extra", "")).get(NCCL_INIT_KEY)
+    return megatron_worker_gib(eager_nccl=init != WORKER_NCCL_INIT)
+
+
+def outside_gib(mem: MemoryBreakdown, process_gib: float | None) -> float:
+    """The predicted device - reserved of a row measured by a process holding `process_gib`
+    (`measuring_process_gib`; None: verl's): that process's own memory plus its NCCL buffers."""
+    return (mem.cuda_context_gib if process_gib is None else process_gib) + mem.nccl_gib

@@ -1,7 +1,8 @@
 """The megatron runner: each trial measures the training side of verl's step (old_log_prob and
 the actor update) on this node's GPUs with megatron-core, through the torchrun worker
 `tuner.runners.megatron_worker`, in transformer-engine layers as verl builds them or in
-megatron-core's local layers (`--layer-spec`, tuner.megatron_layers; the row's extra says which).
+megatron-core's local layers (`--layer-spec`, tuner.megatron_layers; the row's extra says which,
+and `nccl_init=lazy`: how the worker starts NCCL, estimate/device.py WORKER_NCCL_INIT).
 
 One trial, in order (each step a plain function of the previous one's output):
   1. the spec: `worker_spec()` turns the candidate, model, cluster and workload into the
@@ -49,6 +50,7 @@ import tuner
 from tuner.batching import DEFAULT_MINI_BATCHES
 from tuner.errors import UserError
 from tuner.estimate import Estimate
+from tuner.estimate.device import NCCL_INIT_KEY, WORKER_NCCL_INIT, megatron_worker_gib
 from tuner.fields import same_named
 from tuner.hardware import Cluster
 from tuner.lengths import step_lengths
@@ -282,13 +284,15 @@ class MegatronRunner(Runner):
         self, pred: Estimate, cluster: Cluster, *, headroom_gib: float | None = None
     ) -> Predicted:
         """old_log_prob + update: their throughput, and their peaks (allocated and device) less
-        the reference model's weights (the worker builds no reference model)."""
+        the reference model's weights (the worker builds no reference model), with what the
+        worker's process holds outside PyTorch (device.megatron_worker_gib) for verl's."""
         peak, device, phase, unfit = memory_view(
             pred,
             cluster,
             phases=("old_log_prob", "update_actor"),
             drop_reference=True,
             headroom_gib=headroom_gib,
+            process_gib=megatron_worker_gib(),
         )
         t = (pred.update_actor_s or 0.0) + (getattr(pred, "old_log_prob_s", 0.0) or 0.0)
         p = Predicted(
@@ -452,6 +456,7 @@ def to_trial_result(
         "wall_s": round(res.duration_s, 1),
         "pool_started": res.started_pool,
         "layer_spec": wspec.get("layer_spec", "local"),
+        NCCL_INIT_KEY: WORKER_NCCL_INIT,
     }
     common: dict[str, Any] = {
         "source": "megatron",
