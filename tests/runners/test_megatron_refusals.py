@@ -75,6 +75,7 @@ def test_the_runner_rules_are_the_shared_ones_then_its_own() -> None:
     sel = dict(recompute_granularity="selective")
     alone = {
         "dense_layers_not_built": (_cand(8, ep=8), dataclasses.replace(MOE, num_dense_layers=1)),
+        "dense_no_etp": (_cand(2, etp=2), DENSE),
         "moe_act_needs_grouped_gemm": (_cand(1, recompute_modules="moe_act", **sel), MOE),
         "moe_recompute_dense": (_cand(1, recompute_modules="core_attn,moe", **sel), DENSE),
     }

@@ -80,12 +80,11 @@ class Rule:
     """Sentences naming what to change; empty when the candidate passes."""
 
 
-def _lay_rules(
-    lay: ParallelLayout, m: ModelSpec, cl: Cluster, w: Workload
-) -> list[tuple[str, str]]:
+def layout_model_rules(lay: ParallelLayout, m: ModelSpec) -> list[tuple[str, str]]:
+    """(rule name, sentence) of the layout rules that read the model alone (tp_heads, tp_kv_heads,
+    vpp_needs_pp or pipeline_split, dense_no_ep, ep_experts): part of RULES, and what the megatron
+    worker checks of a spec too (megatron_worker.spec; a spec has no cluster or workload)."""
     r: list[tuple[str, str]] = []
-    if lay.world != cl.num_gpus:
-        r.append(("world", f"layout is for {lay.world} GPUs, the cluster has {cl.num_gpus}"))
     if m.num_attention_heads % lay.tp:
         r.append(
             (
@@ -116,6 +115,16 @@ def _lay_rules(
         r.append(("dense_no_ep", f"ep({lay.ep}) > 1 on a dense model: set it to 1"))
     if m.is_moe and m.num_experts % lay.ep:
         r.append(("ep_experts", f"ep({lay.ep}) does not divide the {m.num_experts} experts"))
+    return r
+
+
+def _lay_rules(
+    lay: ParallelLayout, m: ModelSpec, cl: Cluster, w: Workload
+) -> list[tuple[str, str]]:
+    r: list[tuple[str, str]] = []
+    if lay.world != cl.num_gpus:
+        r.append(("world", f"layout is for {lay.world} GPUs, the cluster has {cl.num_gpus}"))
+    r += layout_model_rules(lay, m)
     # no rule on the sequence length under cp: verl 0.9.1 pads each packed sequence to a
     # multiple of tp*cp*2 itself (verl/models/mcore/util.py preprocess_packed_seqs, align_size)
     if (w.mini_batch_size * w.n) % lay.dp:
@@ -152,11 +161,15 @@ def _one(cond: bool, msg: str) -> list[str]:
     return [msg] if cond else []
 
 
-def _sp_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+def sequence_parallel_problems(sequence_parallel: bool, tp: int) -> list[str]:
+    """The rule sp_needs_tp (the megatron worker checks a spec with it too)."""
     return _one(
-        c.sequence_parallel and c.layout.tp == 1,
-        "sequence parallel needs tp > 1: turn it off or raise tp",
+        sequence_parallel and tp == 1, "sequence parallel needs tp > 1: turn it off or raise tp"
     )
+
+
+def _sp_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    return sequence_parallel_problems(c.sequence_parallel, c.layout.tp)
 
 
 def _moe_sp_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
@@ -168,33 +181,44 @@ def _moe_sp_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[s
     )
 
 
+def choice_problems(name: str, value: Any, allowed: Sequence[Any]) -> list[str]:
+    """The choice rules (recompute_granularity, recompute_method, attention_backend, ...): the
+    value is one of `allowed` (the megatron worker checks a spec's with it too)."""
+    return _one(value not in allowed, f"{name} {value!r} is not one of {tuple(allowed)}")
+
+
 def _choice_rule(name: str, allowed: Sequence[Any]) -> Callable[..., list[str]]:
     def check(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
-        v = getattr(c, name)
-        return _one(v not in allowed, f"{name} {v!r} is not one of {tuple(allowed)}")
+        return choice_problems(name, getattr(c, name), allowed)
 
     return check
 
 
-def _recompute_layers_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+def recompute_layers_problems(
+    granularity: str, num_layers: int, lay: ParallelLayout, m: ModelSpec
+) -> list[str]:
+    """The rule recompute_num_layers (the megatron worker checks a spec with it too)."""
     # megatron-core 0.19 refuses only a missing value (its message names 1..num_layers // pp);
     # recompute.checkpointed_forward applies the value per model chunk: 0 never advances the
     # uniform loop, and above a chunk's layers it runs as that chunk's count (uniform caps each
     # unit at the chunk, block recomputes every layer). The bound is the smallest chunk's
     # layers, which is never above num_layers // pp.
-    if c.recompute_granularity != "full":
+    if granularity != "full":
         return []
-    lay = c.layout
     try:
         stages = lay.stage_layers(m.num_layers)
     except ValueError:
-        return []
+        return []  # the rule pipeline_split says why
     chunk = min(stages) // lay.vpp
     return _one(
-        not 1 <= c.recompute_num_layers <= max(1, chunk),
-        f"recompute_num_layers({c.recompute_num_layers}) must lie in 1..{max(1, chunk)}, the "
-        "layers of one pipeline chunk",
+        not 1 <= num_layers <= max(1, chunk),
+        f"recompute_num_layers({num_layers}) must lie in 1..{max(1, chunk)}, the layers of one "
+        "pipeline chunk",
     )
+
+
+def _recompute_layers_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    return recompute_layers_problems(c.recompute_granularity, c.recompute_num_layers, c.layout, m)
 
 
 def _recompute_modules_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
