@@ -63,10 +63,6 @@ ALLOWED: dict[tuple[str, tuple[str, ...]], str] = {
     ("tuner/runners/vllm_gen/spec.py", ("max_num_batched_tokens", "max_num_seqs")): (
         "vLLM's engine arguments (vLLM's names)"
     ),
-    ("tuner/runners/megatron_worker/spec.py", ("cp", "ep", "etp", "first_stage_layers",
-                                               "last_stage_layers", "pp", "tp", "vpp")): (
-        "the worker spec's layout keys (the worker's schema, kept by its own helper)"
-    ),
     ("tuner/verl_command.py", ("ppo_max_token_len_per_gpu", "ppo_micro_batch_size_per_gpu")): (
         "verl's config key suffixes the critic copies from the actor (verl's names)"
     ),
@@ -185,7 +181,8 @@ def test_the_report_of_a_committed_leaderboard_shows_the_knobs_it_showed(
 def test_adding_a_knob_is_its_table_entry_and_its_field(tmp_path: Path) -> None:
     """The walk of a new knob: a copy of the package with one more Candidate field and one more
     entry in KNOBS (and nothing else) has its CSV column, its column type, its text-table number
-    format, its report group, its verl key, and a record keeps its value through the CSV."""
+    format, its report group, its verl key, a record keeps its value through the CSV, and the
+    megatron runner's worker spec carries it under its worker key, typed as the table says."""
     pkg = tmp_path / "tuner"
     shutil.copytree(TUNER, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     cand = pkg / "space" / "candidate.py"
@@ -201,7 +198,8 @@ def test_adding_a_knob_is_its_table_entry_and_its_field(tmp_path: Path) -> None:
     assert src.count(anchor) == 1
     entry = (
         '    Knob(name="pad_depth", group="memory", help="a new knob",'
-        ' verl_keys=("+actor_rollout_ref.actor.pad_depth",), cost="neutral prior: test"),'
+        ' verl_keys=("+actor_rollout_ref.actor.pad_depth",), cost="neutral prior: test",'
+        ' worker=WorkerKey("recompute.pad_depth", int)),'
     )
     knobs.write_text(src.replace(anchor, "\n" + entry + anchor))
     check = textwrap.dedent(
@@ -224,6 +222,25 @@ def test_adding_a_knob_is_its_table_entry_and_its_field(tmp_path: Path) -> None:
         assert row["pad_depth"] == "3"
         assert TrialRecord.from_row(row).knobs["pad_depth"] == 3
         assert Candidate.from_record(row, 2).pad_depth == 3
+
+        from tuner.hardware import Cluster, get_gpu
+        from tuner.models import get_model
+        from tuner.runners.megatron import worker_spec
+        from tuner.runners.megatron_worker import WorkerSpec
+        from tuner.workload import get_workload
+
+        budgets = dict(ppo_max_token_len_per_gpu=3072, log_prob_max_token_len_per_gpu=3072)
+        c = Candidate(layout=ParallelLayout(world=2, tp=2), pad_depth=3, **budgets)
+        cl = Cluster(gpu=get_gpu("h100"), num_gpus=2)
+        spec = worker_spec(c, get_model("qwen2.5-7b"), cl, get_workload("grpo-short"))
+        assert spec["recompute"]["pad_depth"] == 3, spec["recompute"]
+        spec["recompute"]["pad_depth"] = "deep"  # a hand-written spec: typed by the table
+        try:
+            WorkerSpec.from_dict(spec)
+        except ValueError as e:
+            assert "spec recompute.pad_depth must be an integer" in str(e), e
+        else:
+            raise AssertionError("a pad_depth of the wrong type was read")
         """
     )
     done = subprocess.run(

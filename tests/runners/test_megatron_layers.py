@@ -94,7 +94,7 @@ def test_the_local_spec_and_its_config_are_what_they_were():
 @pytest.mark.parametrize(
     ("patch", "message"),
     [
-        ({"layer_spec": "transformer-engine"}, "spec layer_spec 'transformer-engine' is not one"),
+        ({"layer_spec": "transformer-engine"}, r"\[layer_spec\] layer_spec 'transformer-engine'"),
         ({"kernels": {"attention_backend": "sdpa"}}, "kernels.attention_backend 'sdpa'"),
         ({"kernels": {"apply_rope_fusion": 1}}, "kernels.apply_rope_fusion must be true or"),
     ],

@@ -106,7 +106,7 @@ def test_short_steps_are_measured_until_the_window_is_long_enough():
         ({"max_steps": -1}, "must not be negative"),
         ({"model": {"num_layers": 6}}, r"pp\(2\) \* vpp\(2\) does not divide the 6 layers"),
         ({"layout": {"world": 3}}, r"tp\(1\) \* pp\(2\) \* cp\(1\)"),
-        ({"layout": {"tp": 3, "pp": 1, "vpp": 1, "world": 3}}, "tp .3. must divide"),
+        ({"layout": {"tp": 3, "pp": 1, "vpp": 1, "world": 3}}, r"\[tp_heads\] tp\(3\) does not"),
         ({"model": {"num_kv_heads": 3}}, "multiple of"),
         ({"batch": {"sequence_lengths": [1, -2]}}, "positive integers"),
         ({"recompute": {"granularity": "sometimes"}}, "granularity"),

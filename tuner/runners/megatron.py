@@ -66,7 +66,7 @@ from tuner.runners.megatron_worker.protocol import ProgressWatch
 from tuner.runners.megatron_worker.spec import layout_to_dict
 from tuner.runners.megatron_worker.trial import more_steps, plan_phase
 from tuner.runners.process import Launch, ProcessResult, run_process
-from tuner.space import Candidate, SpaceLimits, modules_of
+from tuner.space import Candidate, SpaceLimits, worker_values
 from tuner.workload import Workload
 
 __all__ = ["MegatronRunner", "megatron_refusals", "to_trial_result", "worker_spec"]
@@ -140,48 +140,27 @@ def worker_spec(
     """The worker's schema-2 spec for one trial; raises ValueError if verl, megatron-core or
     the worker would refuse it (megatron_refusals: the shared rules and the worker's own; then
     the batch plans of both phases). `layer_spec`: the layers the worker builds (te or local,
-    megatron_layers); the te layers run the candidate's kernel choices (`kernels`)."""
+    megatron_layers); the te layers run the candidate's kernel choices (`kernels`). The candidate's
+    knobs go where the knob table says (tuner.space.worker_values), the layout as
+    megatron_worker.spec.layout_to_dict writes it."""
     total = workload.mini_batches_per_step
     run = total if mini_batches <= 0 else min(mini_batches, total)
     c, lay = candidate, candidate.layout
     problems = megatron_refusals(c, model, cluster, workload)
     if problems:
         raise ValueError("refused before a launch: " + "; ".join(problems))
-    lengths = step_lengths(workload, run * workload.mini_batch_size, seed)
+    knobs = worker_values(c, model)  # the candidate's, by the knob table's keys (Knob.worker)
+    knobs["batch"] = {
+        "sequence_lengths": step_lengths(workload, run * workload.mini_batch_size, seed),
+        "mini_batch_size": workload.mini_batch_size * workload.n,
+        **knobs["batch"],
+    }
     spec = {
         "schema": SCHEMA,
         "model": {k: getattr(model, k) for k in model.__dataclass_fields__},
         "layout": layout_to_dict(lay),
-        "sequence_parallel": c.sequence_parallel,
-        "recompute": {
-            "granularity": c.recompute_granularity,
-            "method": c.recompute_method,
-            "num_layers": c.recompute_num_layers if c.recompute_granularity == "full" else 0,
-            "modules": list(modules_of(c)),
-        },
-        "offload": {"param": c.param_offload, "optimizer": c.optimizer_offload},
-        "batch": {
-            "sequence_lengths": lengths,
-            "mini_batch_size": workload.mini_batch_size * workload.n,
-            "use_dynamic_bsz": c.use_dynamic_bsz,
-            "max_token_len_per_gpu": c.ppo_max_token_len_per_gpu if c.use_dynamic_bsz else 0,
-            "micro_batch_size_per_gpu": 0 if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu,
-            "log_prob_max_token_len_per_gpu": (
-                c.log_prob_max_token_len_per_gpu if c.use_dynamic_bsz else 0
-            ),
-            "log_prob_micro_batch_size_per_gpu": (
-                0 if c.use_dynamic_bsz else c.log_prob_micro_batch_size_per_gpu
-            ),
-        },
-        "use_fused_kernels": c.use_fused_kernels,
+        **knobs,
         "layer_spec": layer_spec,
-        "kernels": {
-            "apply_rope_fusion": c.apply_rope_fusion,
-            "bias_activation_fusion": c.bias_activation_fusion,
-            "moe_grouped_gemm": c.moe_grouped_gemm,
-            "moe_permute_fusion": c.moe_permute_fusion,
-            "attention_backend": c.attention_backend,
-        },
         "phases": ["old_log_prob", "update_actor"],
         "steps": steps,
         "warmup_steps": warmup_steps,

@@ -2,9 +2,10 @@
 
 One table (`KNOBS`) declares each knob: its Candidate field, the choices the sampler offers
 (derived from the model, cluster, workload and the values drawn before it), its validity rules,
-the verl keys it sets, the argument of the megatron worker spec it maps to, and the term of the
-cost model that scores it. `sample()`, `params_for()`, `knob_overrides()` (hence the recipes and
-the verl runner), `validate()` and the CSV columns all read that table; adding a knob is one
+the verl keys it sets, the key and type of the megatron worker's spec that carries it, and the
+term of the cost model that scores it. `sample()`, `params_for()`, `knob_overrides()` (hence the
+recipes and the verl runner), `worker_values()` (the megatron worker's spec), `validate()` and
+the CSV columns all read that table; adding a knob is one
 entry in knobs.py plus its cost-model term (torchtitan's parallel_dims / Optuna's distributions:
 one declaration, many readers).
 
@@ -15,8 +16,9 @@ enforce, no stricter; each is named (`RULES`) and its message says what to chang
 
 Modules: `layout` (ParallelLayout), `candidate` (Candidate and the knob choices), `rules`
 (validate() and RULES), `choices` (what the sampler offers each knob given what was drawn
-before), `knobs` (KNOBS, knob_overrides()) and `sampling` (SearchSpace, sample(), params_for());
-every public name is re-exported here.
+before), `knobs` (KNOBS, knob_overrides(), worker_values()), `worker_key` (WorkerKey: a knob's key
+in the megatron worker's spec) and `sampling` (SearchSpace, sample(), params_for()); every public
+name is re-exported here.
 """
 
 from tuner.space.candidate import (
@@ -63,9 +65,10 @@ from tuner.space.knobs import (
     REF,
     ROLLOUT,
     TF_CONFIG,
+    WORKER_KEYS,
     Knob,
     knob_overrides,
-    worker_args,
+    worker_values,
 )
 from tuner.space.layout import (
     LAYOUT_DEGREES,
@@ -80,7 +83,11 @@ from tuner.space.rules import (
     broken_rules,
     budget_factor,
     check_candidate,
+    choice_problems,
+    layout_model_rules,
     min_token_budget,
+    recompute_layers_problems,
+    sequence_parallel_problems,
     token_budget,
     token_budget_problem,
     validate,
@@ -94,6 +101,7 @@ from tuner.space.sampling import (
     params_for,
     sample,
 )
+from tuner.space.worker_key import WorkerKey
 
 __all__ = [
     "ACTOR",
@@ -144,19 +152,25 @@ __all__ = [
     "TOKEN_BUDGET_FACTORS",
     "VERL_DEFAULT_ENFORCE_EAGER",
     "VERL_DEFAULT_MAX_NUM_SEQS",
+    "WORKER_KEYS",
+    "WorkerKey",
     "balanced_split",
     "broken_rules",
     "check_candidate",
+    "choice_problems",
     "knob_overrides",
+    "layout_model_rules",
     "budget_factor",
     "min_token_budget",
     "modules_of",
     "params_for",
+    "recompute_layers_problems",
     "round_up",
     "sample",
+    "sequence_parallel_problems",
     "token_budget",
     "token_budget_problem",
     "validate",
     "validate_layout",
-    "worker_args",
+    "worker_values",
 ]

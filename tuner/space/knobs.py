@@ -2,12 +2,13 @@
 
 Each `Knob` names its Candidate field, its group, the choices the sampler offers (derived from
 the model, cluster, workload and the values drawn before it: choices.py), its validity rules, the
-verl keys it sets, the argument of the megatron worker spec it maps to, and the term of the cost
-model that scores it. `sample()`, `params_for()`, `knob_overrides()` (hence the recipes and the
-verl runner), `validate()`, the CSV columns and their types (candidate.KNOB_COLUMN_TYPES) and
-the report's knob groups (`KNOB_GROUP_OF`) all read that table; adding a knob is one entry here
-and its Candidate field, plus its cost-model term (torchtitan's parallel_dims / Optuna's
-distributions: one declaration, many readers).
+verl keys it sets, the key and type of the megatron worker's spec that carries it (`WorkerKey`),
+and the term of the cost model that scores it. `sample()`, `params_for()`, `knob_overrides()`
+(hence the recipes and the verl runner), `worker_values()` (the megatron runner's worker spec,
+which the worker reads by the same keys and types: `WORKER_KEYS`), `validate()`, the CSV columns
+and their types (candidate.KNOB_COLUMN_TYPES) and the report's knob groups (`KNOB_GROUP_OF`) all
+read that table; adding a knob is one entry here and its Candidate field, plus its cost-model
+term (torchtitan's parallel_dims / Optuna's distributions: one declaration, many readers).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from tuner.space.choices import (
     sp_choices,
 )
 from tuner.space.rules import RULES, Rule
+from tuner.space.worker_key import WorkerKey
 
 if TYPE_CHECKING:
     from tuner.space.sampling import SearchSpace
@@ -81,6 +83,11 @@ def _null_if_zero(v: Any) -> Any:
     return None if v == 0 else v
 
 
+def _module_list(v: Any) -> list[str]:
+    """The comma-joined recompute modules as the list verl and the worker take."""
+    return [x for x in str(v).split(",") if x]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Knob:
     """One tuner knob, declared once: what it is, what the sampler offers, what verl key it sets,
@@ -95,8 +102,11 @@ class Knob:
     verl_keys: tuple[str, ...] = ()
     """Full dotted keys (actor and ref get the same value); a leading `+` adds a key verl's
     schema leaves open. Empty only for `layout` (its degrees are knobs of their own)."""
-    worker_arg: str = ""
-    """Argument of the megatron worker spec (`section.name`); empty for rollout knobs."""
+    worker: WorkerKey | None = None
+    """Where the megatron worker's spec carries it. None where the worker takes no value of it:
+    the rollout knobs (generation is not the worker's), the layout's degrees (the spec's `layout`
+    is the whole ParallelLayout: its world and LAYOUT_FIELDS) and the kernels the worker always
+    runs its own way (the megatron runner pins them: megatron.MEGATRON_PINNED)."""
     cost: str
     """The cost-model term that scores it (tuner/estimate), or `neutral prior: <why>` where no
     model exists yet and the measured runner decides."""
@@ -168,7 +178,6 @@ KNOBS: tuple[Knob, ...] = (
         group="layout",
         help="tensor parallel",
         verl_keys=_both("megatron.tensor_model_parallel_size"),
-        worker_arg="layout.tp",
         cost="time: _layout_lin(tp)",
     ),
     Knob(
@@ -176,7 +185,6 @@ KNOBS: tuple[Knob, ...] = (
         group="layout",
         help="pipeline parallel",
         verl_keys=_both("megatron.pipeline_model_parallel_size"),
-        worker_arg="layout.pp",
         cost="time: pipeline bubble and p2p (phase_times_of)",
     ),
     Knob(
@@ -184,7 +192,6 @@ KNOBS: tuple[Knob, ...] = (
         group="layout",
         help="virtual pipeline stages (null = off)",
         verl_keys=_both("megatron.virtual_pipeline_model_parallel_size"),
-        worker_arg="layout.vpp",
         cost="time: bubble / vpp",
         to_verl=_null_if_one,
     ),
@@ -193,7 +200,6 @@ KNOBS: tuple[Knob, ...] = (
         group="pipeline",
         help="layers of the first pipeline stage (0 = even split)",
         verl_keys=_tf("num_layers_in_first_pipeline_stage"),
-        worker_arg="layout.first_stage_layers",
         cost="time: the slowest stage's layers (phase_times_of)",
         to_verl=_null_if_zero,
         when=lambda c, m: c.layout.first_stage_layers > 0,
@@ -203,7 +209,6 @@ KNOBS: tuple[Knob, ...] = (
         group="pipeline",
         help="layers of the last pipeline stage (0 = even split)",
         verl_keys=_tf("num_layers_in_last_pipeline_stage"),
-        worker_arg="layout.last_stage_layers",
         cost="time: the slowest stage's layers (phase_times_of)",
         to_verl=_null_if_zero,
         when=lambda c, m: c.layout.last_stage_layers > 0,
@@ -213,7 +218,6 @@ KNOBS: tuple[Knob, ...] = (
         group="layout",
         help="context parallel",
         verl_keys=_both("megatron.context_parallel_size"),
-        worker_arg="layout.cp",
         cost="time: _layout_lin(cp) ring exchange",
     ),
     Knob(
@@ -221,7 +225,6 @@ KNOBS: tuple[Knob, ...] = (
         group="layout",
         help="expert parallel",
         verl_keys=_both("megatron.expert_model_parallel_size"),
-        worker_arg="layout.ep",
         cost="time: _layout_lin(ep) all-to-all",
     ),
     Knob(
@@ -229,7 +232,6 @@ KNOBS: tuple[Knob, ...] = (
         group="layout",
         help="expert tensor parallel",
         verl_keys=_both("megatron.expert_tensor_parallel_size"),
-        worker_arg="layout.etp",
         cost="time: _layout_lin(etp)",
     ),
     Knob(
@@ -237,7 +239,7 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="sequence parallel",
         verl_keys=_both("megatron.sequence_parallel"),
-        worker_arg="layout.sp",
+        worker=WorkerKey("sequence_parallel", bool),
         cost="time: _layout_lin(sp) collectives; memory: activations / tp",
         choices=sp_choices,
     ),
@@ -246,7 +248,6 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="MoE token dispatcher",
         verl_keys=_tf("moe_token_dispatcher_type"),
-        worker_arg="transformer.moe_token_dispatcher_type",
         cost="time: _layout_lin dispatch (allgather volume); flex vs alltoall is a neutral prior",
         choices=moe_space(MOE_DISPATCHER_CHOICES),
         when=_moe,
@@ -256,7 +257,7 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="MoE fused permute",
         verl_keys=_tf("moe_permute_fusion"),
-        worker_arg="transformer.moe_permute_fusion",
+        worker=WorkerKey("kernels.moe_permute_fusion", bool),
         cost="time: _layout_lin permute passes",
         choices=moe_space(BOOLS),
         when=_moe,
@@ -266,7 +267,7 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="activation recompute granularity",
         verl_keys=_tf("recompute_granularity", declared=True),
-        worker_arg="recompute.granularity",
+        worker=WorkerKey("recompute.granularity", str),
         cost="time: recompute term (phase_times_of); memory: kept activations",
         choices=lambda s, d: list(RECOMPUTE_GRANULARITIES),
         to_verl=lambda v: None if v == "none" else v,  # megatron-core: None = no recompute
@@ -276,7 +277,7 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="full recompute method",
         verl_keys=_tf("recompute_method", declared=True),
-        worker_arg="recompute.method",
+        worker=WorkerKey("recompute.method", str),
         cost="time: recompute fraction (block)",
         choices=lambda s, d: (
             list(RECOMPUTE_METHODS) if d["recompute_granularity"] == "full" else None
@@ -288,7 +289,7 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="full recompute layers",
         verl_keys=_tf("recompute_num_layers", declared=True),
-        worker_arg="recompute.num_layers",
+        worker=WorkerKey("recompute.num_layers", int, off=0),
         cost="time: recompute fraction (block)",
         choices=nlayers_choices,
         int_range=True,
@@ -299,10 +300,10 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="selective recompute modules",
         verl_keys=_tf("recompute_modules", declared=True),
-        worker_arg="recompute.modules",
+        worker=WorkerKey("recompute.modules", list, to_worker=_module_list),
         cost="time: forward of each listed module repeated (_Lin.*_fwd_slope)",
         choices=modules_choices,
-        to_verl=lambda v: [x for x in str(v).split(",") if x],
+        to_verl=_module_list,
         when=lambda c, m: c.recompute_granularity == "selective",
     ),
     Knob(
@@ -310,7 +311,7 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="MoE grouped GEMM",
         verl_keys=_tf("moe_grouped_gemm"),
-        worker_arg="transformer.moe_grouped_gemm",
+        worker=WorkerKey("kernels.moe_grouped_gemm", bool),
         cost="time: _layout_lin per-expert GEMM launches when off",
         choices=grouped_gemm_choices,
         when=_moe,
@@ -320,7 +321,7 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="offload parameters and gradients",
         verl_keys=_both("megatron.param_offload"),
-        worker_arg="offload.param",
+        worker=WorkerKey("offload.param", bool),
         cost="time: PCIe copies of weights and grads; memory: weights and grads leave the GPU",
         choices=lambda s, d: [False, True],
     ),
@@ -329,7 +330,7 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="offload optimizer",
         verl_keys=(f"{ACTOR}.megatron.optimizer_offload",),
-        worker_arg="offload.optimizer",
+        worker=WorkerKey("offload.optimizer", bool),
         cost="time: PCIe copies of the optimizer shard; memory: optimizer leaves the GPU",
         choices=lambda s, d: [False, True],
     ),
@@ -338,7 +339,7 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="verl fused log-prob kernels",
         verl_keys=("actor_rollout_ref.model.use_fused_kernels",),
-        worker_arg="",
+        worker=WorkerKey("use_fused_kernels", bool),
         cost="time: _logits_slope; memory: logits",
         choices=lambda s, d: [True, False],
     ),
@@ -347,7 +348,7 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="fused RoPE",
         verl_keys=_tf("apply_rope_fusion"),
-        worker_arg="transformer.apply_rope_fusion",
+        worker=WorkerKey("kernels.apply_rope_fusion", bool),
         cost="time: _layout_lin elementwise passes over q and k",
         choices=lambda s, d: list(BOOLS),
     ),
@@ -356,7 +357,7 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="fused bias + SwiGLU",
         verl_keys=_tf("bias_activation_fusion"),
-        worker_arg="transformer.bias_activation_fusion",
+        worker=WorkerKey("kernels.bias_activation_fusion", bool),
         cost="time: _layout_lin elementwise passes over the MLP activation",
         choices=lambda s, d: list(BOOLS),
     ),
@@ -365,7 +366,6 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="fused masked softmax (unfused attention backend only)",
         verl_keys=_tf("masked_softmax_fusion"),
-        worker_arg="transformer.masked_softmax_fusion",
         cost="time: score-matrix passes of the unfused/local backend; neutral under flash/fused",
         choices=lambda s, d: None,
     ),
@@ -374,7 +374,6 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="wgrad accumulated in the GEMM",
         verl_keys=_tf("gradient_accumulation_fusion"),
-        worker_arg="transformer.gradient_accumulation_fusion",
         cost="time: _layout_lin backward fp32 main-grad read/write",
         choices=lambda s, d: list(BOOLS),
     ),
@@ -383,7 +382,7 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="megatron attention backend",
         verl_keys=_tf("attention_backend", declared=True),
-        worker_arg="transformer.attention_backend",
+        worker=WorkerKey("kernels.attention_backend", str),
         cost="neutral prior: flash, fused and auto score alike (no measured model yet, the "
         "measured runner decides); unfused/local: score-matrix cost in _layout_lin",
         choices=lambda s, d: list(ATTENTION_BACKEND_CHOICES),
@@ -397,7 +396,7 @@ KNOBS: tuple[Knob, ...] = (
             f"{REF}.log_prob_use_dynamic_bsz",
             f"{ROLLOUT}.log_prob_use_dynamic_bsz",
         ),
-        worker_arg="batch.use_dynamic_bsz",
+        worker=WorkerKey("batch.use_dynamic_bsz", bool),
         cost="time: micro-batch count (phase_times_of)",
         choices=lambda s, d: [True, False],
     ),
@@ -406,7 +405,7 @@ KNOBS: tuple[Knob, ...] = (
         group="batching",
         help="actor tokens per micro-batch per GPU",
         verl_keys=(f"{ACTOR}.ppo_max_token_len_per_gpu",),
-        worker_arg="batch.max_token_len_per_gpu",
+        worker=WorkerKey("batch.max_token_len_per_gpu", int, off=0),
         cost="time: update micro-batches; memory: activations",
         param="ppo_max_token_len_factor",
         when=lambda c, m: c.use_dynamic_bsz,
@@ -420,6 +419,7 @@ KNOBS: tuple[Knob, ...] = (
             f"{REF}.log_prob_max_token_len_per_gpu",
             f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
         ),
+        worker=WorkerKey("batch.log_prob_max_token_len_per_gpu", int, off=0),
         cost="time: log-prob micro-batches; memory: log-prob activations",
         param="log_prob_max_token_len_factor",
         when=lambda c, m: c.use_dynamic_bsz,
@@ -430,7 +430,7 @@ KNOBS: tuple[Knob, ...] = (
         group="batching",
         help="actor samples per micro-batch per GPU",
         verl_keys=(f"{ACTOR}.ppo_micro_batch_size_per_gpu",),
-        worker_arg="batch.micro_batch_size_per_gpu",
+        worker=WorkerKey("batch.micro_batch_size_per_gpu", int, off=0),
         cost="time: update micro-batches; memory: activations",
         param="ppo_micro_batch_log2",
         choices=micro_choices,
@@ -447,6 +447,7 @@ KNOBS: tuple[Knob, ...] = (
             f"{REF}.log_prob_micro_batch_size_per_gpu",
             f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
         ),
+        worker=WorkerKey("batch.log_prob_micro_batch_size_per_gpu", int, off=0),
         cost="time: log-prob micro-batches; memory: log-prob activations",
         param="log_prob_micro_batch_log2",
         choices=lambda s, d: (
@@ -550,7 +551,19 @@ def knob_overrides(c: Candidate, m: ModelSpec | None = None) -> dict[str, Any]:
     return out
 
 
-def worker_args(c: Candidate) -> dict[str, Any]:
-    """Candidate values by megatron worker spec argument (`section.name`), for the runner that
-    builds the worker spec."""
-    return {k.worker_arg: k.value(c) for k in KNOBS if k.worker_arg}
+WORKER_KEYS: tuple[WorkerKey, ...] = tuple(k.worker for k in KNOBS if k.worker is not None)
+"""Every key of the megatron worker's spec that a knob fills, with its type (what the worker
+reads them by)."""
+
+
+def worker_values(c: Candidate, m: ModelSpec) -> dict[str, Any]:
+    """The candidate's knobs as the megatron worker's spec carries them (`Knob.worker`), nested by
+    section: `{"recompute": {"granularity": ...}, "sequence_parallel": ..., ...}`."""
+    out: dict[str, Any] = {}
+    for k in KNOBS:
+        w = k.worker
+        if w is None:
+            continue
+        v = w.to_worker(k.value(c)) if w.off is None or k.when(c, m) else w.off
+        (out.setdefault(w.section, {}) if w.section else out)[w.name] = v
+    return out

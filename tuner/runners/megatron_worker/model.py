@@ -103,15 +103,9 @@ def te_kernel_kwargs(spec: WorkerSpec) -> dict[str, Any]:
     (moe_grouped_gemm) and TE's fused permute (moe_permute_fusion, moe/moe_utils.py)."""
     if spec.layer_spec != "te":
         return {}
-    k = spec.kernels
-    kw: dict[str, Any] = {
-        "apply_rope_fusion": k.apply_rope_fusion,
-        "bias_activation_fusion": k.bias_activation_fusion,
-        "attention_backend": k.attention_backend,
-    }
-    if spec.model.is_moe:
-        kw.update(moe_grouped_gemm=k.moe_grouped_gemm, moe_permute_fusion=k.moe_permute_fusion)
-    return kw
+    kw = dataclasses.asdict(spec.kernels)  # TransformerConfig's names (spec.KernelCfg)
+    # megatron-core's MoE arguments (moe_*) only on a MoE, as the local layers leave them
+    return {k: v for k, v in kw.items() if spec.model.is_moe or not k.startswith("moe_")}
 
 
 def transformer_config(spec: WorkerSpec, **overrides: Any) -> Any:

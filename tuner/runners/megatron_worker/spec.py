@@ -1,14 +1,16 @@
 """The worker's spec (schema 2): what one trial measures, parsed and checked with no torch.
 
 The model section is `tuner.models.ModelSpec`'s own fields and the layout is a
-`tuner.space.ParallelLayout` (its world included), so the worker checks a layout with the same
-code the search space uses; the runner writes the spec with `spec_to_dict`'s layout."""
+`tuner.space.ParallelLayout` (its world and LAYOUT_FIELDS); the knobs' keys and their types are
+the knob table's (`tuner.space.WORKER_KEYS`: the runner writes them by it, `_knobs` reads them by
+it into the field of the same name), and the rules a spec can break that the search space has
+too are checked by the search space's own functions (`WorkerSpec.check`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,15 @@ from tuner.errors import UserError
 from tuner.models import ModelSpec
 from tuner.space import (
     ATTENTION_BACKENDS,
+    LAYOUT_FIELDS,
     RECOMPUTE_GRANULARITIES,
     RECOMPUTE_METHODS,
+    WORKER_KEYS,
     ParallelLayout,
+    choice_problems,
+    layout_model_rules,
+    recompute_layers_problems,
+    sequence_parallel_problems,
 )
 
 SCHEMA = 2
@@ -31,20 +39,44 @@ worker's flash core attention and grouped-GEMM experts, what the committed leade
 
 
 def _get(d: Mapping[str, Any], key: str, kind: type, where: str, default: Any = ...) -> Any:
+    """`d[key]` checked to be of `kind` (int, float, bool, str, or list of strings, read as a
+    tuple); `default` where `d` lacks it (none: the key is required)."""
+    at = f"{where}.{key}" if where else key
     if key not in d:
         if default is ...:
-            raise ValueError(f"spec {where} lacks {key!r}")
+            raise ValueError(f"spec {where or 'top level'} lacks {key!r}")
         return default
     v = d[key]
     if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
-        raise ValueError(f"spec {where}.{key} must be an integer, got {v!r}")
+        raise ValueError(f"spec {at} must be an integer, got {v!r}")
     if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
-        raise ValueError(f"spec {where}.{key} must be a number, got {v!r}")
+        raise ValueError(f"spec {at} must be a number, got {v!r}")
     if kind is bool and not isinstance(v, bool):
-        raise ValueError(f"spec {where}.{key} must be true or false, got {v!r}")
+        raise ValueError(f"spec {at} must be true or false, got {v!r}")
     if kind is str and not isinstance(v, str):
-        raise ValueError(f"spec {where}.{key} must be a string, got {v!r}")
+        raise ValueError(f"spec {at} must be a string, got {v!r}")
+    if kind is list:
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ValueError(f"spec {at} must be a list of strings, got {v!r}")
+        return tuple(v)
     return v
+
+
+def _knobs(d: Mapping[str, Any], section: str, cls: type) -> dict[str, Any]:
+    """The knobs of one section of the spec (`""`: its top level) by the knob table's keys and
+    types (tuner.space.WORKER_KEYS), for `cls`'s fields of the same names, at `cls`'s default
+    where the spec lacks one. A key the table has and `cls` does not is checked and left out (the
+    worker runs without it)."""
+    own = {f.name: f.default for f in fields(cls)}
+    out = {}
+    for k in WORKER_KEYS:
+        if k.section != section:
+            continue
+        default = own.get(k.name)
+        v = _get(d, k.name, k.kind, section, ... if default is MISSING else default)
+        if k.name in own:
+            out[k.name] = v
+    return out
 
 
 def _positive(where: str, **values: int) -> None:
@@ -65,12 +97,12 @@ def parse_model(d: Mapping[str, Any]) -> ModelSpec:
         raise ValueError(f"spec model: {e}") from None
 
 
+_LAYOUT_DEFAULTS = {f.name: f.default for f in fields(ParallelLayout)}
+
+
 def parse_layout(d: Mapping[str, Any]) -> ParallelLayout:
     w = "layout"
-    kw = {
-        k: _get(d, k, int, w, 0 if k.endswith("_layers") else 1)
-        for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "first_stage_layers", "last_stage_layers")
-    }
+    kw = {k: _get(d, k, int, w, _LAYOUT_DEFAULTS[k]) for k in LAYOUT_FIELDS}
     try:
         return ParallelLayout(world=_get(d, "world", int, w), **kw)
     except ValueError as e:
@@ -88,28 +120,7 @@ class RecomputeCfg:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RecomputeCfg:
-        w = "recompute"
-        mods = d.get("modules", ["core_attn"])
-        if not isinstance(mods, list) or not all(isinstance(x, str) for x in mods):
-            raise ValueError("spec recompute.modules must be a list of module names")
-        r = cls(
-            granularity=_get(d, "granularity", str, w, "none"),
-            method=_get(d, "method", str, w, "uniform"),
-            num_layers=_get(d, "num_layers", int, w, 0),
-            modules=tuple(mods),
-        )
-        if r.granularity not in RECOMPUTE_GRANULARITIES:
-            raise ValueError(
-                f"spec recompute.granularity {r.granularity!r} is not one of "
-                f"{', '.join(RECOMPUTE_GRANULARITIES)}"
-            )
-        if r.method not in RECOMPUTE_METHODS:
-            raise ValueError(
-                f"spec recompute.method {r.method!r} is not one of {', '.join(RECOMPUTE_METHODS)}"
-            )
-        if r.granularity == "full" and r.num_layers <= 0:
-            raise ValueError("spec recompute: full recompute needs num_layers >= 1")
-        return r
+        return cls(**_knobs(d, "recompute", cls))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -120,16 +131,14 @@ class OffloadCfg:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> OffloadCfg:
-        w = "offload"
-        return cls(
-            param=_get(d, "param", bool, w, False), optimizer=_get(d, "optimizer", bool, w, False)
-        )
+        return cls(**_knobs(d, "offload", cls))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class KernelCfg:
-    """The candidate's kernel choices the transformer-engine layers run (layer_spec te); the
-    local layers build their own fixed set (model.config_kwargs) and ignore these."""
+    """The candidate's kernel choices the transformer-engine layers run (layer_spec te), each
+    named as megatron-core's TransformerConfig names it (model.te_kernel_kwargs passes them on);
+    the local layers build their own fixed set (model.config_kwargs) and ignore these."""
 
     apply_rope_fusion: bool = False
     bias_activation_fusion: bool = False
@@ -141,20 +150,7 @@ class KernelCfg:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> KernelCfg:
-        w = "kernels"
-        k = cls(
-            apply_rope_fusion=_get(d, "apply_rope_fusion", bool, w, False),
-            bias_activation_fusion=_get(d, "bias_activation_fusion", bool, w, False),
-            moe_grouped_gemm=_get(d, "moe_grouped_gemm", bool, w, False),
-            moe_permute_fusion=_get(d, "moe_permute_fusion", bool, w, False),
-            attention_backend=_get(d, "attention_backend", str, w, "auto"),
-        )
-        if k.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(
-                f"spec kernels.attention_backend {k.attention_backend!r} is not one of "
-                f"{', '.join(ATTENTION_BACKENDS)}"
-            )
-        return k
+        return cls(**_knobs(d, "kernels", cls))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -184,13 +180,7 @@ class BatchCfg:
         b = cls(
             sequence_lengths=tuple(lens),
             mini_batch_size=_get(d, "mini_batch_size", int, w),
-            use_dynamic_bsz=_get(d, "use_dynamic_bsz", bool, w),
-            max_token_len_per_gpu=_get(d, "max_token_len_per_gpu", int, w, 0),
-            micro_batch_size_per_gpu=_get(d, "micro_batch_size_per_gpu", int, w, 0),
-            log_prob_max_token_len_per_gpu=_get(d, "log_prob_max_token_len_per_gpu", int, w, 0),
-            log_prob_micro_batch_size_per_gpu=_get(
-                d, "log_prob_micro_batch_size_per_gpu", int, w, 0
-            ),
+            **_knobs(d, w, cls),
         )
         _positive(w, mini_batch_size=b.mini_batch_size)
         if b.use_dynamic_bsz:
@@ -249,11 +239,10 @@ class WorkerSpec:
         s = cls(
             model=parse_model(d["model"]),
             layout=parse_layout(d["layout"]),
-            sequence_parallel=_get(d, "sequence_parallel", bool, "", False),
             recompute=RecomputeCfg.from_dict(d.get("recompute") or {}),
             offload=OffloadCfg.from_dict(d.get("offload") or {}),
             batch=BatchCfg.from_dict(d["batch"]),
-            use_fused_kernels=_get(d, "use_fused_kernels", bool, "", False),
+            **_knobs(d, "", cls),
             layer_spec=_get(d, "layer_spec", str, "", "local"),
             kernels=KernelCfg.from_dict(d.get("kernels") or {}),
             phases=tuple(p for p in PHASES if p in phases),
@@ -272,47 +261,39 @@ class WorkerSpec:
         return s
 
     def check(self) -> None:
-        """The rules the worker relies on (the runner's megatron_refusals has the full set)."""
-        m, lay = self.model, self.layout
-        if self.layer_spec not in LAYER_SPECS:
-            raise ValueError(
-                f"spec layer_spec {self.layer_spec!r} is not one of {', '.join(LAYER_SPECS)}"
-            )
-        if lay.cp > 1 and self.layer_spec != "te":
-            raise ValueError(
+        """Refuse a spec the worker cannot run, naming each rule it breaks.
+
+        The search space's rules a spec can break, by its own functions (tuner.space.rules; the
+        runner refused a candidate breaking them before writing its spec, but the worker also
+        takes specs from files): the layout's rules that read the model (tp_heads, tp_kv_heads,
+        vpp_needs_pp, pipeline_split, dense_no_ep, ep_experts), sp_needs_tp, the choices of
+        recompute_granularity, recompute_method and attention_backend, and
+        recompute_num_layers. The worker's own: layer_spec is one of LAYER_SPECS, and cp > 1
+        needs the te layers. The batch's and the run's fields are bounded as they are read. (etp
+        > 1 on a dense model runs in megatron-core: the runner's rule dense_no_etp skips it.)"""
+        m, lay, r, k = self.model, self.layout, self.recompute, self.kernels
+        rules = {
+            "sp_needs_tp": sequence_parallel_problems(self.sequence_parallel, lay.tp),
+            "recompute_granularity": choice_problems(
+                "recompute.granularity", r.granularity, RECOMPUTE_GRANULARITIES
+            ),
+            "recompute_method": choice_problems("recompute.method", r.method, RECOMPUTE_METHODS),
+            "recompute_num_layers": recompute_layers_problems(r.granularity, r.num_layers, lay, m),
+            "attention_backend": choice_problems(
+                "kernels.attention_backend", k.attention_backend, ATTENTION_BACKENDS
+            ),
+            # the worker's own
+            "layer_spec": choice_problems("layer_spec", self.layer_spec, LAYER_SPECS),
+            "cp_needs_te": [
                 f"cp ({lay.cp}) needs the transformer-engine layers (layer_spec te): the local "
                 "layers' flash core attention has no context parallelism"
-            )
-        if lay.vpp > 1 and lay.pp == 1:
-            raise ValueError(f"vpp ({lay.vpp}) needs pp > 1")
-        stages = lay.stage_layers(m.num_layers)  # raises with megatron-core's rule
-        if m.num_attention_heads % lay.tp:
-            raise ValueError(
-                f"tp ({lay.tp}) must divide num_attention_heads ({m.num_attention_heads})"
-            )
-        if m.num_kv_heads % lay.tp and lay.tp % m.num_kv_heads:
-            raise ValueError(
-                f"tp ({lay.tp}) and the {m.num_kv_heads} kv heads do not divide one another"
-            )
-        if m.is_moe and m.num_experts % lay.ep:
-            raise ValueError(f"ep ({lay.ep}) does not divide num_experts ({m.num_experts})")
-        if not m.is_moe and (lay.ep > 1 or lay.etp > 1):
-            raise ValueError("ep and etp must be 1 for a dense model")
-        if self.sequence_parallel and lay.tp == 1:
-            raise ValueError("sequence parallel needs tp > 1")
-        r = self.recompute
-        if r.granularity == "full":
-            per_chunk = min(stages) // lay.vpp
-            if r.method == "block" and r.num_layers > per_chunk:
-                raise ValueError(
-                    f"recompute num_layers ({r.num_layers}) exceeds the {per_chunk} layers of a "
-                    "pipeline chunk (block method)"
-                )
-            if r.method == "uniform" and r.num_layers > per_chunk:
-                raise ValueError(
-                    f"recompute num_layers ({r.num_layers}) exceeds the {per_chunk} layers of a "
-                    "pipeline chunk (uniform method)"
-                )
+            ]
+            if lay.cp > 1 and self.layer_spec == "local"
+            else [],
+        }
+        broken = layout_model_rules(lay, m) + [(n, p) for n, ps in rules.items() for p in ps]
+        if broken:
+            raise ValueError("spec: " + "; ".join(f"[{n}] {p}" for n, p in broken))
 
     @property
     def micro_batch_multiple(self) -> int:
@@ -327,7 +308,8 @@ def load_spec(path: str | Path) -> WorkerSpec:
 
 
 def layout_to_dict(lay: ParallelLayout) -> dict[str, int]:
-    return {k: v for k, v in asdict(lay).items()}
+    """The spec's layout: the world and every degree and split of LAYOUT_FIELDS."""
+    return {"world": lay.world, **{k: getattr(lay, k) for k in LAYOUT_FIELDS}}
 
 
 def spec_to_dict(spec: WorkerSpec) -> dict[str, Any]:
