@@ -8,8 +8,14 @@ from its rows before that one, replayed here: the two agree on rows of studies t
 rows from before the scales were applied (no pred_<phase>_scale) were predicted by the cost
 model alone. The step is its phases summed (the reference pass, weight sync and critic the
 cost model's); a phase a row did not time (the megatron runner's generation) is left out.
+Generation is learned per launch mode (StudyLearner.scales_for): an eager row ('generation
+eager') gets the scale of the eager rows before it, the prior (learn.EAGER_PRIOR) before one.
+Last, each study with an eager row replayed with the other files' eager rows after its own, as
+if they came next: what a second eager row gets (their at-proposal columns are the cost model).
 
-    python scripts/predicted_vs_measured.py results/verl4k-h100-x1.csv ...
+    python scripts/predicted_vs_measured.py results/verl4k-h100-x1.csv \
+        results/gen-check-h100-x1.csv results/gen-check-local-h100-x1.csv \
+        > scripts/predicted_vs_measured.out.txt
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from tuner.results import Status, TrialRecord, read_raw
 from tuner.study.learn import (
     SCALED_PHASES,
     StudyLearner,
+    eager,
     measured,
     measured_phases,
     raw_prediction,
@@ -98,40 +105,80 @@ def summary(path: str) -> str:
             f"  study {study}, its measured ok rows in trial order: |predicted - measured| / "
             "measured"
         )
+        lines += replay(rows)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def replay(rows: list[TrialRecord], at_proposal: bool = True) -> list[str]:
+    """The table of `rows` in this order: each measured ok row's errors, the online prediction
+    from the rows before it (the scales of its launch mode: StudyLearner.scales_for); without
+    `at_proposal` (rows of other studies) the at-proposal columns repeat the cost model's."""
+    lines = [
+        f"    {'trial':>5} {'phase':<13} {'measured':>9} {'cost model':>15}"
+        f" {'at proposal (scale)':>26} {'online (scale)':>26}"
+    ]
+    learner = StudyLearner(capacity_gib=1e6)  # time only: the memory guard plays no part
+    first = True
+    worst: dict[str, list[float]] = {"proposal": [], "online": []}
+    for r in rows:
+        if r.status is Status.OK and measured(r):
+            scales = learner.scales_for(eager(r))
+            now = online(r, scales)
+            for ph, (meas, raw, pred) in timed(r).items():
+                if not at_proposal:
+                    pred = raw
+                applied = getattr(r, f"pred_{ph}_scale", None) if ph != "step" else None
+                tag = "" if ph == "step" else f"(x{applied:.3f})" if applied else "(none)"
+                tag = tag if at_proposal else "(-)"
+                on_tag = "" if ph == "step" else f"(x{scales[ph]:.3f})"
+                name = f"{ph}{' eager' if ph == 'generation' and eager(r) else ''}"
+                lines.append(
+                    f"    {r.trial:>5} {name:<16} {meas:>6.2f}"
+                    f" {raw:>8.2f} {_err(raw, meas):>6.1%}"
+                    f" {pred:>8.2f} {_err(pred, meas):>6.1%} {tag:>10}"
+                    f" {now[ph]:>8.2f} {_err(now[ph], meas):>6.1%} {on_tag:>10}"
+                )
+                if ph == "generation" and not first:
+                    worst["proposal"].append(_err(pred, meas))
+                    worst["online"].append(_err(now[ph], meas))
+            first = False
+        learner.observe(r)
+    if worst["online"]:
         lines.append(
-            f"    {'trial':>5} {'phase':<13} {'measured':>9} {'cost model':>15}"
-            f" {'at proposal (scale)':>26} {'online (scale)':>26}"
+            f"    generation on the rows after the first ({len(worst['online'])}): largest "
+            f"error at proposal {max(worst['proposal']):.1%}, online "
+            f"{max(worst['online']):.1%} (aim: within {AIM:.0%})"
         )
-        learner = StudyLearner(capacity_gib=1e6)  # time only: the memory guard plays no part
-        first = True
-        worst: dict[str, list[float]] = {"proposal": [], "online": []}
-        for r in rows:
-            if r.status is Status.OK and measured(r):
-                scales = {**learner.phase_scales}
-                now = online(r, scales)
-                for ph, (meas, raw, pred) in timed(r).items():
-                    applied = getattr(r, f"pred_{ph}_scale", None) if ph != "step" else None
-                    tag = "" if ph == "step" else f"(x{applied:.3f})" if applied else "(none)"
-                    on_tag = "" if ph == "step" else f"(x{scales[ph]:.3f})"
-                    lines.append(
-                        f"    {r.trial:>5} {ph:<13} {meas:>9.2f}"
-                        f" {raw:>8.2f} {_err(raw, meas):>6.1%}"
-                        f" {pred:>8.2f} {_err(pred, meas):>6.1%} {tag:>10}"
-                        f" {now[ph]:>8.2f} {_err(now[ph], meas):>6.1%} {on_tag:>10}"
-                    )
-                    if ph == "generation" and not first:
-                        worst["proposal"].append(_err(pred, meas))
-                        worst["online"].append(_err(now[ph], meas))
-                first = False
-            learner.observe(r)
-        if worst["online"]:
-            lines.append(
-                f"    generation on the rows after the first ({len(worst['online'])}): largest "
-                f"error at proposal {max(worst['proposal']):.1%}, online "
-                f"{max(worst['online']):.1%} (aim: within {AIM:.0%})"
-            )
+    return lines
+
+
+def second_eager(paths: list[str]) -> str:
+    """Each study with an eager row, then the measured eager rows of the other files' studies
+    as if they came next: what an eager row gets once the study measured one."""
+    recs = {p: [TrialRecord.from_row(r) for r in read_raw(Path(p))] for p in paths}
+    lines = []
+    for path, rows in recs.items():
+        if not any(eager(r) and measured(r) and r.status is Status.OK for r in rows):
+            continue
+        more = [
+            r
+            for other, rs in recs.items()
+            if other != path
+            for r in rs
+            if eager(r) and measured(r) and r.status is Status.OK
+        ]
+        if not more:
+            continue
+        lines.append(
+            f"{path}'s rows in trial order, then the eager rows of "
+            f"{', '.join(sorted({r.study for r in more}))} (other studies: at proposal = cost "
+            "model): a second eager row"
+        )
+        lines += replay(sorted(rows, key=lambda r: r.trial) + more, at_proposal=False)
+    return "\n".join(line.rstrip() for line in lines)
     return "\n".join(line.rstrip() for line in lines)
 
 
 if __name__ == "__main__":
     print("\n".join(summary(p) for p in sys.argv[1:]))
+    print(second_eager(sys.argv[1:]))

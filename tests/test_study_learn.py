@@ -18,7 +18,14 @@ from tuner.results import Status, TrialRecord, read_raw
 from tuner.runners.estimate import EstimateRunner
 from tuner.space import Candidate, RandomSuggester, SearchSpace, sample
 from tuner.study import TuneRequest, run_study
-from tuner.study.learn import StudyLearner, measured_phases, scaled_estimate
+from tuner.study.learn import (
+    EAGER_PRIOR,
+    StudyLearner,
+    eager,
+    measured_phases,
+    raw_prediction,
+    scaled_estimate,
+)
 from tuner.study.objective import propose
 from tuner.study.storage import RECORD_ATTR
 from tuner.workload import PRESETS
@@ -113,7 +120,10 @@ def test_a_measured_row_scales_the_next_proposals_predictions(
     assert later and rows[t.number]["source"] == rec1.source
     for r in later:
         e = _raw(req, r)
-        want = {"generation": gen_scale, "old_log_prob": LOGP, "update_actor": UPD}
+        # generation is learned per launch mode: a row of the other mode has the prior (1)
+        same_mode = eager(TrialRecord.from_row(r)) == eager(rec1)
+        gen = gen_scale if same_mode else EAGER_PRIOR
+        want = {"generation": gen, "old_log_prob": LOGP, "update_actor": UPD}
         for ph, scale in want.items():
             assert float(r[f"pred_{ph}_scale"]) == pytest.approx(scale)
             assert float(r[f"pred_{ph}_s"]) == pytest.approx(
@@ -222,3 +232,54 @@ def test_the_scaled_estimate_is_one_step(tmp_path: Path) -> None:
     assert s.mfu == pytest.approx(e.mfu / 2)
     assert s.bottleneck != "generation"
     assert s.memory is e.memory and s.device_peak_gib == e.device_peak_gib
+
+
+VERL4K = Path(__file__).resolve().parents[1] / "results" / "verl4k-h100-x1.csv"
+
+
+def test_eager_generation_is_learned_apart_on_the_real_study(tmp_path: Path) -> None:
+    """verl4k-h100-x1: five CUDA-graph rows, then eager trial 6 (host-bound: 2.9 x the model
+    where the graph rows run 0.65-0.71 x). The eager row gets the prior until an eager row is
+    measured, and it moves neither the graph rows' scale nor the other phases' rule."""
+    rows = sorted((TrialRecord.from_row(r) for r in read_raw(VERL4K)), key=lambda r: r.trial)
+    six = next(r for r in rows if r.trial == 6)
+    assert eager(six) and measured_phases(six)
+    learner = StudyLearner(capacity_gib=80.0)
+    for r in rows:
+        if r.trial == 6:
+            break
+        learner.observe(r)
+    graph = learner.phase_scales
+    assert graph["generation"] == pytest.approx(0.681, abs=0.001)
+    assert learner.scales_for(enforce_eager=True) == {**graph, "generation": EAGER_PRIOR}
+    # the prior the data chose: the cost model misses the eager row by less than the graph scale
+    raw, meas = raw_prediction(six, "generation"), six.generation_s
+    assert raw and meas
+    assert abs(raw * EAGER_PRIOR - meas) < abs(raw * graph["generation"] - meas)
+    learner.observe(six)
+    assert learner.scales_for(enforce_eager=True)["generation"] == pytest.approx(meas / raw)
+    assert learner.scales_for(enforce_eager=True)["generation"] == pytest.approx(2.907, abs=0.001)
+    assert learner.phase_scales["generation"] == graph["generation"]  # graph rows only
+    assert learner.phase_scales["old_log_prob"] != graph["old_log_prob"]  # every row, as before
+    # the whole study: the graph scale of its graph rows alone (with the eager row among them
+    # the median was 0.711)
+    for r in rows:
+        if r.trial > 6:
+            learner.observe(r)
+    graph_only = StudyLearner(capacity_gib=80.0)
+    for r in rows:
+        if not eager(r):
+            graph_only.observe(r)
+    assert learner.phase_scales["generation"] == graph_only.phase_scales["generation"]
+
+    # propose() applies the candidate's mode's scales, and the record keeps the one applied
+    req = _request(tmp_path)
+    space = SearchSpace(model=req.model, cluster=req.cluster, workload=req.workload)
+    c = sample(RandomSuggester(random.Random(0)), space)
+    for mode in (False, True):
+        prop = propose(req, dataclasses.replace(c, enforce_eager=mode), learner)
+        assert prop.phase_scales == learner.scales_for(enforce_eager=mode)
+        if prop.estimate.generation_s > 0 and prop.scaled.generation_s < float("inf"):
+            assert prop.scaled.generation_s == pytest.approx(
+                prop.estimate.generation_s * prop.phase_scales["generation"]
+            )

@@ -22,7 +22,8 @@ every later time limit absurd)."""
 def time_scales(
     pairs: Iterable[tuple[str, float | None, float | None]], min_rows: int = 1
 ) -> dict[str, float]:
-    """Robust multiplicative scale per phase from (phase, predicted_s, measured_s) triples:
+    """Robust multiplicative scale per key from (key, predicted_s, measured_s) triples (a key is
+    a phase, or a phase in one launch mode: tuner.study.learn.learned_key):
     exp(median(log(measured / predicted))), clipped to TIME_SCALE_BOUNDS. Triples with a missing
     or non-positive value are skipped; a phase with fewer than `min_rows` usable triples is left
     out (its scale is 1). The median, not the mean, so one stalled trial moves nothing.

@@ -44,6 +44,32 @@ RUN_WORDS = {
 megatron runner's `old_log_prob + actor update`) that name each phase."""
 
 
+EAGER_GENERATION = "generation_eager"
+"""The learner's key of generation with `enforce_eager`: its own scale, learned from eager rows
+only. Eager decode is host-bound (every op launched from Python: tuner.estimate.generation
+eager_ops x Profile.eager_op_host_s) where a CUDA-graph step is GPU-bound, so the two modes'
+errors differ in size and sign (results/verl4k-h100-x1.csv: graph rows measured 0.65-0.71 x the
+model, the eager row 2.9 x) and one scale cannot serve both. A row's pred_generation_scale is
+the scale of its own mode: an eager row's is this key's (EAGER_PRIOR before an eager row was
+measured), so raw_prediction gives the cost model's time for rows of either mode."""
+EAGER_PRIOR = 1.0
+"""The eager generation scale before an eager row is measured: the cost model's, not the graph
+rows' scale. The graph scale corrects the GPU side of a step, which an eager step hides under
+its host launches; on verl4k-h100-x1's eager trial 6 the graph scale (0.68) missed by 77%, the
+cost model by 66% (scripts/predicted_vs_measured.out.txt)."""
+
+
+def learned_key(phase: str, enforce_eager: bool) -> str:
+    """The learner's key of `phase` for a candidate or row: EAGER_GENERATION for generation with
+    `enforce_eager`, else the phase."""
+    return EAGER_GENERATION if phase == "generation" and enforce_eager else phase
+
+
+def eager(rec: TrialRecord) -> bool:
+    """Whether the row's rollout ran with `enforce_eager`."""
+    return bool(rec.knobs.get("enforce_eager", False))
+
+
 def measured(rec: TrialRecord) -> bool:
     return rec.source not in MEASURED_SOURCES_EXCLUDED and "not re-run" not in rec.reason
 
@@ -139,8 +165,10 @@ class StudyLearner:
         if rec.status is Status.OK:
             # each phase it timed against the cost model's time (not the scaled one the row
             # shows), so a scale is the whole measured/predicted ratio, not what is left of it
+            # eager generation apart (learned_key): pred_generation_scale is the regime's
             for ph in measured_phases(rec):
-                self.pairs.append((ph, raw_prediction(rec, ph), getattr(rec, f"{ph}_s")))
+                key = learned_key(ph, eager(rec))
+                self.pairs.append((key, raw_prediction(rec, ph), getattr(rec, f"{ph}_s")))
             # the runner's own measure: its throughput (a time ratio is the inverse)
             if rec.pred_tokens_per_s_per_gpu and rec.tokens_per_s_per_gpu:
                 self.pairs.append(("step", rec.tokens_per_s_per_gpu, rec.pred_tokens_per_s_per_gpu))
@@ -154,8 +182,19 @@ class StudyLearner:
 
     @property
     def phase_scales(self) -> dict[str, float]:
-        """Measured/predicted time of each phase of SCALED_PHASES (1 until a row timed it)."""
-        return {ph: self.scales.get(ph, 1.0) for ph in SCALED_PHASES}
+        """Measured/predicted time of each phase of SCALED_PHASES (1 until a row timed it), for
+        a candidate with CUDA graphs (scales_for(False))."""
+        return self.scales_for(enforce_eager=False)
+
+    def scales_for(self, enforce_eager: bool) -> dict[str, float]:
+        """The phase scales for a candidate of this `enforce_eager`: generation from the rows of
+        the same mode (EAGER_PRIOR for eager until an eager row timed it), the other phases from
+        every row (1 until a row timed them)."""
+        keys = {ph: learned_key(ph, enforce_eager) for ph in SCALED_PHASES}
+        return {
+            ph: self.scales.get(k, EAGER_PRIOR if k == EAGER_GENERATION else 1.0)
+            for ph, k in keys.items()
+        }
 
     @property
     def launch_cost_s(self) -> float:

@@ -56,7 +56,8 @@ class Proposal:
     """The study's prediction: `estimate` with the phase times scaled by what the study learned
     (`phase_scales`); the row's pred_*_s."""
     phase_scales: dict[str, float]
-    """Measured/predicted time per phase the study had learned (learn.SCALED_PHASES; 1: none)."""
+    """Measured/predicted time per phase the study had learned for this candidate's launch mode
+    (learn.SCALED_PHASES; generation of an eager candidate from eager rows: scales_for)."""
     predicted: Predicted
     """The runner's view of the raw model."""
     device_gib: float
@@ -80,7 +81,7 @@ def propose(req: TuneRequest, c: Candidate, learner: StudyLearner) -> Proposal:
         c, req.model, req.cluster, req.workload, req.profile, headroom_gib=req.headroom_gib
     )
     p = req.runner.predicted(e, req.cluster)
-    scales = learner.phase_scales
+    scales = learner.scales_for(c.enforce_eager)
     dev = p.device_gib or p.peak_gib
     corrected, guard_unfit = learner.fit(dev, p.phase)
     unfit = p.unfit or guard_unfit
