@@ -103,7 +103,8 @@ class TrialRecord:
     limit, not the pred_*_s columns (the pred_<phase>_scale do)."""
     pred_generation_scale: float | None = None
     """Measured/predicted generation time the study had learned from its earlier rows that timed
-    generation, when this trial was proposed, applied to pred_generation_s (1: none yet; empty
+    generation in the same launch mode (enforce_eager or CUDA graphs: StudyLearner.scales_for),
+    when this trial was proposed, applied to pred_generation_s (1: none of that mode yet; empty
     in rows from before it was applied, whose pred_generation_s is the cost model's)."""
     pred_old_log_prob_scale: float | None = None
     """The same for old_log_prob (pred_old_log_prob_s)."""
