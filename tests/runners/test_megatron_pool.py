@@ -4,7 +4,9 @@ lines (CPU only)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tuner.runners.megatron_pool import WorkerPool
@@ -13,24 +15,21 @@ from tuner.runners.megatron_worker.protocol import (
     Progress,
     ProgressWatch,
     append_progress,
+    done_path,
     read_progress,
+    write_request,
 )
 
 FAKE_POOL = """
 import json, os, sys, time
 from pathlib import Path
-from tuner.runners.megatron_worker.protocol import LEAVING, mark_done, mark_ready, wait_request
+from tuner.runners.megatron_worker.protocol import serve
 pool = Path(sys.argv[sys.argv.index("--pool") + 1])
-mark_ready(pool, 1)
-seq = 1
-while True:
-    req = wait_request(pool, seq, poll_s=0.01)
-    if req["cmd"] == "exit":
-        break
+
+def handle(req):
     spec = json.loads(Path(req["spec"]).read_text())
     if spec["mode"] == "oom":
-        Path(req["out"]).write_text(json.dumps({"status": "oom", "pid": os.getpid()}))
-        os._exit(3)
+        raise MemoryError("CUDA out of memory")
     if spec["mode"] == "slow":
         for i in range(100):
             with open(req["progress"], "a") as f:
@@ -40,14 +39,37 @@ while True:
             time.sleep(0.05)
     Path(req["out"]).write_text(json.dumps({"status": "abandoned" if spec["mode"] == "slow"
                                             else "ok", "pid": os.getpid()}))
-    if spec["mode"] == "leak":  # as _serve: memory left after teardown, the pool exits
-        (pool / LEAVING).touch()
-        mark_done(pool, seq)
-        time.sleep(0.5)  # shutting down takes a while: a request now would find no one
-        break
-    mark_done(pool, seq)
-    seq += 1
-mark_done(pool, seq)
+    return spec["mode"] != "leak"  # as _serve: memory left after teardown, the pool exits
+
+def on_failure(e, req):
+    Path(req["out"]).write_text(json.dumps({"status": "oom", "pid": os.getpid()}))
+    return 3
+
+serve(pool, handle, on_failure, poll_s=0.01)
+time.sleep(0.5)  # shutting down takes a while: a request now would find no one
+"""
+
+SERVE = """
+import json, os, sys
+from pathlib import Path
+from tuner.runners.megatron_worker.protocol import serve
+pool, lead = Path(sys.argv[1]), sys.argv[2] == "lead"
+
+def handle(req):
+    spec = Path(req["spec"]).read_text()
+    if spec == "fail":
+        raise RuntimeError("boom")
+    with open(pool / f"served-{'lead' if lead else 'other'}", "a") as f:
+        f.write(spec + "\\n")
+    if lead:
+        Path(req["out"]).write_text(json.dumps({"status": "ok", "spec": spec}))
+    return True
+
+def on_failure(e, req):
+    Path(req["out"]).write_text(json.dumps({"status": "failed", "reason": str(e)}))
+    return 5
+
+serve(pool, handle, on_failure, world=2, lead=lead, poll_s=0.01)
 """
 
 
@@ -139,3 +161,55 @@ def test_progress_lines_skip_a_partial_line(tmp_path: Path):
     got = read_progress(p)
     assert got == [Progress(step=0, seconds=2.0, tokens=1600, update_actor_s=1.5)]
     assert got[0].tokens_per_s_per_gpu(4) == 200.0
+
+
+def _served(tmp: Path, specs: list[str]) -> tuple[Path, list[subprocess.Popen[bytes]]]:
+    """Two processes (rank 0 and another) serving `specs` as trial requests from one pool."""
+    (tmp / "serve.py").write_text(SERVE)
+    pool = tmp / "pool"
+    pool.mkdir()
+    repo = str(Path(__file__).resolve().parents[2])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(tmp / "serve.py"), str(pool), who], env={"PYTHONPATH": repo}
+        )
+        for who in ("lead", "other")
+    ]
+    for seq, text in enumerate(specs, 1):
+        (tmp / f"spec{seq}").write_text(text)
+        write_request(pool, seq, "trial", spec=tmp / f"spec{seq}", out=tmp / f"out{seq}")
+    return pool, procs
+
+
+def test_serve_runs_requests_in_order_on_every_rank_until_exit(tmp_path: Path):
+    pool, procs = _served(tmp_path, ["a", "b", "c"])
+    write_request(pool, 4, "exit")
+    assert [p.wait(timeout=30) for p in procs] == [0, 0]
+    assert (pool / "served-lead").read_text() == (pool / "served-other").read_text() == "a\nb\nc\n"
+    assert [json.loads((tmp_path / f"out{i}").read_text())["spec"] for i in (1, 2, 3)] == [
+        "a", "b", "c"
+    ]  # fmt: skip
+    assert json.loads((pool / "ready.json").read_text())["world"] == 2
+    assert all(done_path(pool, seq).exists() for seq in (1, 2, 3, 4))  # the exit is done too
+    assert int(done_path(pool, 1).read_text()) == procs[0].pid  # only rank 0 marks
+    assert not (pool / LEAVING).exists()
+
+
+def test_a_failing_request_writes_its_result_and_ends_the_process(tmp_path: Path):
+    pool, procs = _served(tmp_path, ["a", "fail", "c"])
+    assert [p.wait(timeout=30) for p in procs] == [5, 5]  # the exit status on_failure gave
+    assert json.loads((tmp_path / "out2").read_text()) == {"status": "failed", "reason": "boom"}
+    assert (pool / "served-lead").read_text() == "a\n"  # nothing served after the failure
+    assert done_path(pool, 1).exists() and not done_path(pool, 2).exists()
+    assert not (tmp_path / "out3").exists()
+
+
+def test_serve_waits_for_the_next_request(tmp_path: Path):
+    pool, procs = _served(tmp_path, ["a"])
+    time.sleep(0.3)
+    assert all(p.poll() is None for p in procs) and done_path(pool, 1).exists()
+    (tmp_path / "spec2").write_text("b")
+    write_request(pool, 2, "trial", spec=tmp_path / "spec2", out=tmp_path / "out2")
+    write_request(pool, 3, "exit")
+    assert [p.wait(timeout=30) for p in procs] == [0, 0]
+    assert (pool / "served-other").read_text() == "a\nb\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.runners.megatron_worker.log import log
-from tuner.runners.megatron_worker.protocol import LEAVING, mark_done, mark_ready, wait_request
+from tuner.runners.megatron_worker.protocol import Request, serve
 from tuner.runners.megatron_worker.result import WorkerResult, is_oom, one_line, write_json_atomic
 from tuner.runners.megatron_worker.spec import load_spec
 
@@ -110,8 +110,8 @@ def _trial(ctx: _Ctx | None, spec_path: Path, out: Path, files: Any, t0: float, 
     return ctx
 
 
-def _fail(e: BaseException, out: Path, phase: Any, ctx: _Ctx | None) -> None:
-    """Write the failure (first rank wins) and end the process now."""
+def _fail(e: BaseException, out: Path, phase: Any, ctx: _Ctx | None) -> int:
+    """Write the failure (first rank wins); the exit status the process must end with now."""
     status = "oom" if is_oom(e) else "failed"
     if not isinstance(e, ValueError) or status == "oom":
         traceback.print_exc()
@@ -124,7 +124,7 @@ def _fail(e: BaseException, out: Path, phase: Any, ctx: _Ctx | None) -> None:
     write_json_atomic(out, res.to_dict(), exclusive=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1 if status == "failed" else 3)
+    return 1 if status == "failed" else 3
 
 
 def _one(spec_path: Path, out: Path, progress: str, abandon: str, t0: float) -> int:
@@ -137,68 +137,49 @@ def _one(spec_path: Path, out: Path, progress: str, abandon: str, t0: float) -> 
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 (every failure must become a result)
-        _fail(e, out, phase, ctx)
+        os._exit(_fail(e, out, phase, ctx))
     _shutdown()
     return 0
 
 
 def _serve(pool: Path) -> int:
-    """Run requested trials until an exit request (see protocol.py)."""
+    """Run requested trials until an exit request (protocol.serve; every rank reads the
+    requests, rank 0 writes ready and done)."""
     from tuner.runners.megatron_worker import model as mdl
     from tuner.runners.megatron_worker.trial import Files, Phase
 
     pool.mkdir(parents=True, exist_ok=True)
     phase = Phase()
     ctx = _Ctx()
-    if ctx.rank == 0:
-        mark_ready(pool, ctx.world)
     log(f"pool up: world={ctx.world} attention={ctx.attn.name}")
-    seq = 1
-    while True:
-        req = wait_request(pool, seq)
-        assert req is not None
-        if req["cmd"] == "exit":
-            break
-        out = Path(req["out"])
-        t0 = time.monotonic()
-        try:
-            _trial(
-                ctx,
-                Path(req["spec"]),
-                out,
-                Files(req.get("progress", ""), req.get("abandon", "")),
-                t0,
-                phase,
-            )
-            phase.name = "teardown"
-            t_down = time.monotonic()
-            import torch.distributed as dist
 
-            dist.barrier()
-            mdl.teardown_parallel()
-            _free()
-            left = _left_behind_gib()
-            log(f"teardown {time.monotonic() - t_down:.1f}s, {left:.2f} GiB left allocated")
-            if left > LEAK_LIMIT_GIB:
-                # Measured on 2 H200s (MoE layers, grouped experts): a trial's tensors stayed
-                # allocated after teardown and the next trial ran out of memory in its warm-up.
-                # A fresh pool is cheaper than a trial that measures the last one's leftovers.
-                log(f"trial left {left:.1f} GiB allocated after teardown: pool exits")
-                for line in leak_report():
-                    log(line)
-                if ctx.rank == 0:
-                    (pool / LEAVING).touch()
-                    mark_done(pool, seq)
-                break
-        except KeyboardInterrupt:
-            raise
-        except BaseException as e:  # noqa: BLE001 (every failure must become a result)
-            _fail(e, out, phase, ctx)
-        if ctx.rank == 0:
-            mark_done(pool, seq)
-        seq += 1
-    if ctx.rank == 0:
-        mark_done(pool, seq)
+    def handle(req: Request) -> bool:
+        t0 = time.monotonic()
+        files = Files(req.get("progress", ""), req.get("abandon", ""))
+        _trial(ctx, Path(req["spec"]), Path(req["out"]), files, t0, phase)
+        phase.name = "teardown"
+        t_down = time.monotonic()
+        import torch.distributed as dist
+
+        dist.barrier()
+        mdl.teardown_parallel()
+        _free()
+        left = _left_behind_gib()
+        log(f"teardown {time.monotonic() - t_down:.1f}s, {left:.2f} GiB left allocated")
+        if left > LEAK_LIMIT_GIB:
+            # Measured on 2 H200s (MoE layers, grouped experts): a trial's tensors stayed
+            # allocated after teardown and the next trial ran out of memory in its warm-up.
+            # A fresh pool is cheaper than a trial that measures the last one's leftovers.
+            log(f"trial left {left:.1f} GiB allocated after teardown: pool exits")
+            for line in leak_report():
+                log(line)
+            return False
+        return True
+
+    def on_failure(e: BaseException, req: Request) -> int:
+        return _fail(e, Path(req["out"]), phase, ctx)
+
+    serve(pool, handle, on_failure, world=ctx.world, lead=ctx.rank == 0)
     ctx.meter.stop()
     _shutdown()
     return 0

@@ -13,12 +13,14 @@ Pool: one torchrun of the worker serves many trials. The runner writes requests
 `{"seq": n, "cmd": "exit"}`; every rank polls for its next request itself (no collective while
 idle), runs the trial and rank 0 writes the result to `out`. Rank 0 writes `<pool>/ready.json`
 once the process group is up, and `<pool>/done-<seq>` after each request, when the ranks are
-ready for the next one."""
+ready for the next one. `serve` is that loop, for the megatron worker and the generation worker
+(tuner.runners.vllm_gen) alike."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,3 +172,51 @@ def mark_done(pool: Path, seq: int) -> None:
 
 def mark_ready(pool: Path, world: int) -> None:
     write_json_atomic(pool / READY, {"pid": os.getpid(), "world": world, "time": time.time()})
+
+
+Request = dict[str, Any]
+
+
+def serve(
+    pool: Path,
+    handle: Callable[[Request], bool],
+    on_failure: Callable[[BaseException, Request], int],
+    *,
+    world: int = 1,
+    lead: bool = True,
+    poll_s: float = 0.05,
+) -> None:
+    """A worker's side of the pool: mark it ready, then serve requests in order until an exit
+    request. `handle` runs a trial request (and writes its result); it returns False when this
+    process must not serve another (the pool marks itself LEAVING and returns). A failing
+    `handle` ends the process at once: `on_failure` writes the failed result and returns the
+    exit status (ranks of a failed trial may wait in a collective; the runner ends them and
+    starts a fresh pool). Only the `lead` process (rank 0) writes ready, done and LEAVING;
+    every process reads the requests itself."""
+    if lead:
+        mark_ready(pool, world)
+    seq = 1
+    while True:
+        req = wait_request(pool, seq, poll_s=poll_s)
+        assert req is not None
+        if req["cmd"] == "exit":
+            break
+        try:
+            go_on = handle(req)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 (every failure must become a result)
+            status = on_failure(e, req)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        if not go_on:
+            if lead:
+                (pool / LEAVING).touch()
+                mark_done(pool, seq)
+            return
+        if lead:
+            mark_done(pool, seq)
+        seq += 1
+    if lead:
+        mark_done(pool, seq)

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from tuner.runners.megatron_worker.protocol import mark_done, mark_ready, wait_request
+from tuner.runners.megatron_worker.protocol import Request, serve
 from tuner.runners.megatron_worker.result import one_line, write_json_atomic
 from tuner.runners.process import log_tail
 from tuner.runners.vllm_gen.spec import GenResult, classify_failure, load_gen_spec
@@ -43,33 +43,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     pool: Path = args.pool
     pool.mkdir(parents=True, exist_ok=True)
     engine = Engine()
-    mark_ready(pool, 1)
-    seq = 1
-    while True:
-        req = wait_request(pool, seq)
-        assert req is not None
-        if req["cmd"] == "exit":
-            break
-        out = Path(req["out"])
-        try:
-            res = engine.serve(load_gen_spec(req["spec"]))
-        except KeyboardInterrupt:
-            raise
-        except BaseException as e:  # noqa: BLE001 (every failure must become a result)
-            traceback.print_exc()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            status, reason = classify_failure(one_line(e), log_tail(pool / POOL_LOG, 40_000))
-            write_json_atomic(out, GenResult(status=status, reason=reason).to_dict())
-            print(f"vllm_gen: {status}: {reason}", flush=True)
-            os._exit(1)
-        write_json_atomic(out, res.to_dict())
+
+    def handle(req: Request) -> bool:
+        res = engine.serve(load_gen_spec(req["spec"]))
+        write_json_atomic(Path(req["out"]), res.to_dict())
         print(
             f"vllm_gen: {res.status} {res.sequences} sequences {res.tokens_generated} tokens in "
             f"{res.generation_s or 0:.2f}s (engine {'reused' if res.engine_reused else 'built'})",
             flush=True,
         )
-        mark_done(pool, seq)
-        seq += 1
-    mark_done(pool, seq)
+        return True
+
+    def on_failure(e: BaseException, req: Request) -> int:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        status, reason = classify_failure(one_line(e), log_tail(pool / POOL_LOG, 40_000))
+        write_json_atomic(Path(req["out"]), GenResult(status=status, reason=reason).to_dict())
+        print(f"vllm_gen: {status}: {reason}", flush=True)
+        return 1
+
+    serve(pool, handle, on_failure)
     return 0
