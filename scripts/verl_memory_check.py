@@ -11,7 +11,9 @@ sampled over the whole trial against the cost model's device total per phase, be
 the actor's process: the generation total the model had, `rollout_in_actor`) and after (verl
 0.9.1's vLLM worker beside the actor, with its weight sync), the phase that peaks, the error of
 that peak, and whether pruning keeps the row (each phase's device total + its headroom,
-device.phases_unfit). Output committed as scripts/verl_memory_check.out.txt.
+device.phases_unfit); then the training phases (vLLM asleep beside the actor): their errors,
+verl's allocated peaks and device - reserved against the model's. Output committed as
+scripts/verl_memory_check.out.txt.
 """
 
 from __future__ import annotations
@@ -46,8 +48,25 @@ STEP_MIB = 64
 """A rise that is a new process's, not a sample's jitter (the actor's level moves by 1 MiB)."""
 SAMPLED_TRIAL = "/trials/4/"
 """The log folder of the trial whose samples SAMPLES holds (trial 5 repeats trial 4's row)."""
+TRIAL4_RESERVED_GIB = 38.67
+"""verl's actor/perf/max_memory_reserved_gb in trial 4's steps (verl.log, 38.669921875)."""
 GOAL_GIB = 1.5
 """The generation-phase error aimed at on the verl rows."""
+
+
+def training_levels(samples: list[int]) -> list[int]:
+    """The highest sample between two generations (runs of PLATEAU samples above vLLM's
+    budget), from step 2 on: old_log_prob, update_actor and the next weight sync, vLLM asleep."""
+    budget = UTIL * TOTAL_MIB
+    runs, start = [], None
+    for k, v in enumerate([*samples, 0]):
+        if v > budget and start is None:
+            start = k
+        elif v <= budget and start is not None:
+            if k - start >= PLATEAU:
+                runs.append((start, k))
+            start = None
+    return [max(samples[a[1] : b[0]]) for a, b in zip(runs[1:], runs[2:], strict=False)]
 
 
 def levels(samples: list[int]) -> dict[str, int]:
@@ -111,6 +130,14 @@ def print_levels(path: Path) -> None:
         f"{lv['peak']}; vLLM's budget {UTIL} x {TOTAL_MIB} = {budget:.1f}"
     )
     print(f"  actor in later generations: {actor_later:.0f} MiB ({actor_later / 1024:.2f} GiB)")
+    train = training_levels(read_samples(path))
+    outside = CUDA_CONTEXT_GIB + VERL_ACTOR_RETAINED_GIB + VLLM_ASLEEP_GIB
+    print(
+        f"  training phases between later generations (highest sample): {train} MiB; the "
+        f"update's device - verl's reserved peak {TRIAL4_RESERVED_GIB}: "
+        f"{max(train) / MIB_PER_GIB - TRIAL4_RESERVED_GIB:.2f} GiB against CUDA_CONTEXT_GIB + "
+        f"VERL_ACTOR_RETAINED_GIB + VLLM_ASLEEP_GIB {outside:.2f}"
+    )
     for name, mib, const in rows:
         told = f"  device.py {const:.2f}" if const is not None else ""
         print(f"  {name:58} {mib:7.1f} MiB = {mib / MIB_PER_GIB:5.2f} GiB{told}")
@@ -148,6 +175,7 @@ def print_rows(path: Path) -> list[float]:
     )
     print(head)
     gen_errors = []
+    training = []
     for row in read_rows(path):
         status = row.get("status", "")
         as_oom = status == "failed" and "wake_up" in (row.get("reason") or "")
@@ -173,10 +201,45 @@ def print_rows(path: Path) -> list[float]:
             f"{after['update_actor']:5.1f} {pa:5.1f} {phase:12} {pa - md:+5.2f} "
             f"{'unfit' if why_a else 'fits':5}"
         )
+        if not as_oom:
+            training.append((row, case, after, md))
         sampled = SAMPLED_TRIAL in (row.get("log_path") or "")
         if not as_oom and (phase == "generation" or sampled):
             gen_errors.append(after["generation"] - md)
+    print_training(training)
     return gen_errors
+
+
+def print_training(rows: list[tuple[dict[str, str], Case, dict[str, float], float]]) -> None:
+    """The training phases: their device totals against the trial's sampled peak (a bound on
+    each phase where it is not the peak), verl's allocated / reserved peaks (actor/perf) against
+    the model's larger training allocated peak, and measured device - reserved against the
+    outside the model counts there (context + NCCL + verl_training_outside_gib)."""
+    print(
+        "\n  training phases (after): logp/upd err = device total - the trial's sampled peak; "
+        "alloc = PyTorch's allocated peak, verl's actor/perf against the model's; outside = "
+        "device - reserved (measured only where the trial peaks in training; trial 4's "
+        "samples above)"
+    )
+    print(
+        f"  {'trial':5} {'logp err':>8} {'upd err':>7} | {'alloc meas':>10} {'pred':>5} "
+        f"{'err':>5} | {'outside meas':>12} {'pred':>5}"
+    )
+    for row, case, after, md in rows:
+        e = estimate(case.candidate, case.model, case.cluster, case.workload)
+        m = e.memory
+        alloc = max(m.log_prob_peak_gib, m.update_peak_gib)
+        ma, mr = number(row.get("peak_mem_gib")), number(row.get("peak_mem_reserved_gib"))
+        outside = m.cuda_context_gib + m.nccl_gib + m.training_process_gib
+        # trial 4's samples peak in a generation (its training phases: print_levels)
+        sampled = SAMPLED_TRIAL in (row.get("log_path") or "")
+        peak_training = max(after, key=after.__getitem__) != "generation" and not sampled
+        meas_out = f"{md - mr:12.2f}" if mr is not None and peak_training else f"{'-':>12}"
+        a = f"{ma:10.2f} {alloc:5.1f} {alloc - ma:+5.2f}" if ma is not None else f"{'-':>10}"
+        print(
+            f"  {row.get('trial', ''):5} {after['old_log_prob'] - md:+8.2f} "
+            f"{after['update_actor'] - md:+7.2f} | {a:>22} | {meas_out} {outside:5.2f}"
+        )
 
 
 def main(argv: list[str]) -> int:

@@ -14,6 +14,7 @@ from tuner.estimate.device import (
     Communicator,
     communicator_gib,
     slack_gib,
+    verl_training_outside_gib,
 )
 from tuner.estimate.memory import (
     activation_bytes_per_token_layer,
@@ -220,8 +221,14 @@ def test_device_total_is_allocated_plus_slack_plus_context_and_nccl() -> None:
     mem = memory(cand("tp2", use_fused_kernels=False), QWEN7B, H100x8, DAPO, P)
     assert mem.slack_gib == pytest.approx(slack_gib(mem.update_transient_gib))
     assert mem.update_device_gib == pytest.approx(
-        mem.update_peak_gib + mem.slack_gib + CUDA_CONTEXT_GIB + mem.nccl_gib
+        mem.update_peak_gib
+        + mem.slack_gib
+        + CUDA_CONTEXT_GIB
+        + mem.nccl_gib
+        + mem.training_process_gib
     )
+    # verl 0.9.1's vLLM worker asleep beside the actor's retained memory
+    assert mem.training_process_gib == pytest.approx(verl_training_outside_gib(1, H100x8))
     assert mem.device_peak_gib == max(
         mem.generation_device_gib, mem.log_prob_device_gib, mem.update_device_gib
     )

@@ -252,7 +252,7 @@ def test_the_eager_nccl_workers_rows_are_fitted_as_before(tmp_path: Path) -> Non
         mem = case.predict().memory
         before = {
             p: getattr(mem, DEVICE_OF[p]) - mem.reference_gib - CUDA_CONTEXT_GIB
-            + OLD_WORKER_OUTSIDE_GIB
+            - mem.training_process_gib + OLD_WORKER_OUTSIDE_GIB
             for p in training
         }  # fmt: skip
         assert old[case.label].devices_gib == pytest.approx(before, abs=0.011)

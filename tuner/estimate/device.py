@@ -17,7 +17,8 @@ not on PyTorch's allocated peak. Per GPU:
 verl 0.9.1's generation phase has a second process on the GPU, vLLM's worker: its budget
 (`gpu_memory_utilization` of the GPU) is among the allocated tensors, what it holds beyond the
 budget is `vllm_outside_gib`, and the actor holds VERL_ACTOR_RETAINED_GIB more outside its
-tensors there (tuner.estimate.memory `verl_generation_gib`).
+tensors there (tuner.estimate.memory `verl_generation_gib`); in old_log_prob and update_actor
+vLLM's worker sleeps beside the actor, both still holding theirs (`verl_training_outside_gib`).
 
 The headroom kept below the capacity depends on the phase (`PHASE_HEADROOM_GIB`, fitted by
 `tuner.fit.memory.fit_phase_headroom` on the committed leaderboards, scripts/memory_fit.py);
@@ -100,8 +101,10 @@ weights - the profiled activation peak - the non-torch increase - the CUDA-graph
 device from 1631 to 2317 MiB (0.67 GiB, the context), and step 1's generation, while the actor
 still held its start-up 1630 MiB, 43205 MiB: the budget + 795.5 MiB (0.78 GiB)."""
 VLLM_ASLEEP_GIB = 1.18
-"""What vLLM 0.24's worker keeps asleep, per GPU: verl puts it to sleep at level 2 after each
-generation (vllm_async_server.py `_sleep_hybrid`, `_resolve_sleep_level`), which releases only
+"""What vLLM 0.24's worker keeps asleep, per GPU: verl puts it to sleep right after each
+generation (trainer/ppo/ray_trainer.py `sleep_replicas` after generate_sequences), so through
+old_log_prob and update_actor, at level 2 in the hybrid engine (vllm_async_server.py
+`_sleep_hybrid`, `_resolve_sleep_level`: 1 only with LoRA adapters or MTP), which releases only
 the allocations of its memory pool, weights and KV cache (device_allocator/cumem.py `sleep`);
 the CUDA context, the CUDA-graph pool and its kernels stay. Trial 4: 2835 MiB with vLLM asleep
 after its start-up, 1630 without it (1.18 GiB)."""
@@ -111,10 +114,11 @@ WORKSPACE_GIB in the generation phase, per GPU, from its second step on. Trial 4
 its start-up (states offloaded) it held 1630 MiB (0.49 GiB over the model's 1.1); steps 2 and 3
 generated at 44339 MiB, vLLM's 41575 of step 1 (the actor then had run no log-prob or update
 pass) + 2764 MiB (2.70 GiB): 1.05 GiB more, kept since its first log-prob and update passes
-(kernels and workspaces kept once loaded; not measured apart). Counted in generation only:
-verl's training phases still count CUDA_CONTEXT_GIB (verl4k trial 3's update, 70.5 GiB
-measured, 66.1 predicted, lacks this and VLLM_ASLEEP_GIB); the megatron runner's view counts
-its worker's MEGATRON_WORKER_GIB instead (memory_view `process_gib`)."""
+(kernels and workspaces kept once loaded; not measured apart). Counted in the training phases
+too (`verl_training_outside_gib`): trial 4's updates of steps 2 and 3 sampled 43749 MiB, 4.05
+GiB over verl's reserved peak (38.67 GiB), where CUDA_CONTEXT_GIB + this + VLLM_ASLEEP_GIB count
+3.78; verl4k trial 3 (update peak) 70.53 GiB sampled, 4.16 over its reserved 66.37. The megatron
+runner's view counts its worker's MEGATRON_WORKER_GIB instead (memory_view `process_gib`)."""
 
 NCCL_SIMPLE_BUFFER_MIB = 4.0
 """NCCL_BUFFSIZE default: the Simple protocol's buffer per connection (4 MiB)."""
@@ -182,7 +186,9 @@ none of them, and every OOM row stays unfit (all are predicted above the capacit
 the verl runner's rows of results/verl4k-h100-x1.csv (nvidia-smi's device peak, sampled over the
 whole trial and its processes; listed in the output): their generation is predicted within 0.5
 GiB since it counts verl 0.9.1's vLLM process (VLLM_PROCESS_GIB, VERL_ACTOR_RETAINED_GIB), trial
-3's update peak is 4.5 GiB above (scripts/verl_memory_check.py). The worker's rows of eager NCCL
+3's update peak 1.7 GiB above (4.5 before vLLM asleep and the actor's retained memory counted
+there), trials 4/5/7's update 6.5 below (allocated over-predicted by 7.9 GiB;
+scripts/verl_memory_check.py). The worker's rows of eager NCCL
 count MEGATRON_WORKER_GIB + EAGER_NCCL_EXCESS_GIB outside PyTorch, 8.89 GiB where the fit had
 8.9: each 0.01 GiB lower, update_actor's fit 3.81, kept at 3.8."""
 
@@ -300,6 +306,14 @@ def vllm_outside_gib(rollout_tp: int, cluster: Cluster, *, asleep: bool = False)
     return own + communicator_gib(tp, cluster.local_gpus)
 
 
+def verl_training_outside_gib(rollout_tp: int, cluster: Cluster) -> float:
+    """What verl 0.9.1's two processes hold in old_log_prob and update_actor beyond the actor's
+    CUDA_CONTEXT_GIB and NCCL buffers, per GPU: the actor's VERL_ACTOR_RETAINED_GIB and vLLM's
+    worker asleep (`vllm_outside_gib`). Not where vLLM ran in the actor's process (verl <= 0.5)
+    nor in the megatron runner's worker (`phase_devices` `process_gib` leaves it out)."""
+    return VERL_ACTOR_RETAINED_GIB + vllm_outside_gib(rollout_tp, cluster, asleep=True)
+
+
 def slack_gib(transient_gib: float) -> float:
     """Caching-allocator slack (reserved - allocated) of a phase with these transients."""
     return SLACK_FIXED_GIB + SLACK_FRACTION * max(0.0, transient_gib)
@@ -358,9 +372,10 @@ def phase_devices(
     process_gib: float | None = None,
 ) -> dict[str, float]:
     """Each phase's device total as a runner sees it (`memory_view`'s `drop_reference` and
-    `process_gib`)."""
+    `process_gib`, which replaces verl's processes: its context and `training_process_gib`)."""
     ref = mem.reference_gib if drop_reference else 0.0
-    own = 0.0 if process_gib is None else process_gib - mem.cuda_context_gib
+    verl = mem.cuda_context_gib + mem.training_process_gib
+    own = 0.0 if process_gib is None else process_gib - verl
     return {
         p: getattr(mem, DEVICE_OF[p]) - ref + (own if p != "generation" else 0.0) for p in phases
     }
@@ -378,7 +393,8 @@ def memory_view(
     """(allocated peak, device total, its phase, why unfit or '') over the `phases` a runner
     runs; `drop_reference` leaves out the reference model's weights (a runner that builds none);
     `process_gib`: what the runner's training process holds outside PyTorch beside NCCL, in
-    place of verl's CUDA_CONTEXT_GIB in the training phases (the megatron runner's worker:
+    place of verl's CUDA_CONTEXT_GIB and `verl_training_outside_gib` in the training phases
+    (the megatron runner's worker:
     `megatron_worker_gib`; generation stays verl's). Unfit: a phase's device total + headroom >
     the GPU's memory; the headroom is `headroom_gib`, else the one `pred` was estimated with
     (`estimate(headroom_gib=...)`: the study's --headroom-gib where it gave one), else each

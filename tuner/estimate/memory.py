@@ -24,6 +24,7 @@ from tuner.estimate.device import (
     WORKSPACE_GIB,
     nccl_gib,
     slack_gib,
+    verl_training_outside_gib,
     vllm_outside_gib,
 )
 from tuner.estimate.logits import DEFAULT_VERL, LOGIT_HELD_BYTES
@@ -148,10 +149,14 @@ class MemoryBreakdown:
     weight_sync_device_gib: float = 0.0
     """Device total while verl 0.9.1 syncs the weights, inside generation (0 with
     `rollout_in_actor`)."""
+    training_process_gib: float = 0.0
+    """What verl 0.9.1's two processes add to old_log_prob's and update_actor's device totals:
+    vLLM's worker asleep and the actor's retained memory (device.verl_training_outside_gib; 0
+    with `rollout_in_actor`; the megatron runner's view leaves it out, device.phase_devices)."""
     log_prob_device_gib: float = 0.0
-    """Device total of the log-prob passes: allocated + slack + context + NCCL."""
+    """Device total of the log-prob passes: allocated + slack + context + NCCL + the above."""
     update_device_gib: float = 0.0
-    """Device total of the update: allocated + slack + context + NCCL."""
+    """Device total of the update: allocated + slack + context + NCCL + the above."""
 
     @property
     def peak_gib(self) -> float:
@@ -529,21 +534,20 @@ def memory_of(
     upd_peak = weights + grads + optim + critic + ref_w + upd_transient + ws
     kv = kv_cache_bytes(ctx, c)
     g = GIB
-    # verl's process; the megatron runner's worker holds its own outside memory in the
-    # training phases (device.memory_view `process_gib`, MEGATRON_WORKER_GIB)
+    # verl's processes; in the training phases the megatron runner's view puts its worker's
+    # in their place (device.memory_view `process_gib`), generation stays verl's whatever
+    # layers the worker builds (verl4k-h100-x1 trial 1 ran it at 72.6 GiB in real verl)
     cuda_ctx = CUDA_CONTEXT_GIB
     nccl = _nccl_of(ctx, lay)
     outside = cuda_ctx + nccl
     slack_lp = slack_gib(lp_transient / g)
     slack_upd = slack_gib(upd_transient / g)
-    # generation is verl's (vLLM beside the actor's states in verl's worker process, with
-    # verl's kernels), whatever layers the megatron runner's worker builds (the same
-    # candidate ran in real verl at 72.6 GiB, results/verl4k-h100-x1.csv trial 1, where the
-    # worker's outside memory once counted 77.6)
     one_process = gen_peak / g + CUDA_CONTEXT_GIB + nccl
     rollout_dev = sync_dev = one_process
+    training = 0.0  # verl 0.9.1's vLLM worker sleeps beside the actor in the training phases
     if not rollout_in_actor:
         rollout_dev, sync_dev = verl_generation_gib(ctx, c, gen_peak - rollout, weights, nccl)
+        training = verl_training_outside_gib(c.rollout_tp, ctx.cluster)
     gen_device = max(rollout_dev, sync_dev)
     return MemoryBreakdown(
         weights_gib=weights / g,
@@ -568,8 +572,9 @@ def memory_of(
         generation_device_gib=gen_device,
         rollout_process_gib=gen_device - one_process,
         weight_sync_device_gib=0.0 if rollout_in_actor else sync_dev,
-        log_prob_device_gib=lp_peak / g + slack_lp + outside,
-        update_device_gib=upd_peak / g + slack_upd + outside,
+        training_process_gib=training,
+        log_prob_device_gib=lp_peak / g + slack_lp + outside + training,
+        update_device_gib=upd_peak / g + slack_upd + outside + training,
     )
 
 
