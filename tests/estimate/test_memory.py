@@ -424,7 +424,7 @@ def test_the_kv_cache_grows_when_rollout_dp_shards_the_experts() -> None:
     """vLLM shards a MoE's experts over the replica's tp * dp GPUs (EP or not), so rollout dp4
     leaves more room for KV cache than dp1 at the same tp; EP moves whole experts, same bytes."""
     from tuner.estimate.context import get_context
-    from tuner.estimate.memory import kv_cache_bytes
+    from tuner.estimate.rollout_memory import kv_cache_bytes
 
     moe = get_model("qwen3-30b-moe")
     ctx = get_context(moe, Cluster(gpu=GPUS["h100"], num_gpus=32), DAPO, P)

@@ -18,8 +18,9 @@ from tuner.estimate.device import (
     Communicator,
     communicator_gib,
 )
-from tuner.estimate.memory import VERL_SYNC_BUCKET_BYTES, memory
+from tuner.estimate.memory import memory
 from tuner.estimate.profile import Profile
+from tuner.estimate.rollout_memory import VERL_SYNC_BUCKET_BYTES
 from tuner.fit.validate import Case, case_from_row
 from tuner.hardware import GIB, GPUS, Cluster
 from tuner.models import get_model

@@ -17,8 +17,9 @@ not on PyTorch's allocated peak. Per GPU:
 verl 0.9.1's generation phase has a second process on the GPU, vLLM's worker: its budget
 (`gpu_memory_utilization` of the GPU) is among the allocated tensors, what it holds beyond the
 budget is `vllm_outside_gib`, and the actor holds VERL_ACTOR_RETAINED_GIB more outside its
-tensors there (tuner.estimate.memory `verl_generation_gib`); in old_log_prob and update_actor
-vLLM's worker sleeps beside the actor, both still holding theirs (`verl_training_outside_gib`).
+tensors there (tuner.estimate.rollout_memory `verl_generation_gib`); in old_log_prob and
+update_actor vLLM's worker sleeps beside the actor, both still holding theirs
+(`verl_training_outside_gib`).
 
 The headroom kept below the capacity depends on the phase (`PHASE_HEADROOM_GIB`, fitted by
 `tuner.fit.memory.fit_phase_headroom` on the committed leaderboards, scripts/memory_fit.py);

@@ -23,7 +23,7 @@ from tuner.estimate.context import (
     Context,
     bandwidth_between,
 )
-from tuner.estimate.memory import rollout_params_per_gpu
+from tuner.estimate.rollout_memory import rollout_params_per_gpu
 
 INTERNODE_LATENCY_FACTOR = 4.0
 """A collective that crosses nodes costs this many NVLink collective latencies (network round
@@ -142,8 +142,8 @@ def _decode_step_s(
     rows = max(rows, batch)
     # an untied input embedding is looked up row by row, never streamed (only the output
     # layer's table is read whole); a tied table is counted once, as the output layer. What one
-    # GPU holds of the rest: memory.rollout_params_per_gpu (kv heads replicated above rtp, MoE
-    # experts over the replica's tp * dp GPUs)
+    # GPU holds of the rest: rollout_memory.rollout_params_per_gpu (kv heads replicated above
+    # rtp, MoE experts over the replica's tp * dp GPUs)
     streamed = ctx.total_params - (ctx.embed_params if ctx.head_params else 0.0)
     dense_p, expert_p = rollout_params_per_gpu(ctx, rtp, rdp, streamed)
     dense_w, expert_w = dense_p * BF16, expert_p * BF16

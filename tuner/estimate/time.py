@@ -24,12 +24,12 @@ from tuner.estimate.context import (
 from tuner.estimate.generation import generation
 from tuner.estimate.logits import DEFAULT_VERL, LOGIT_TRAFFIC_BYTES
 from tuner.estimate.memory import (
-    kv_cache_bytes,
     local_norms,
     params_local,
     separate_norms,
 )
 from tuner.estimate.profile import Profile
+from tuner.estimate.rollout_memory import kv_cache_bytes
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.space import Candidate, modules_of
