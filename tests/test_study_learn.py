@@ -159,10 +159,11 @@ def test_a_scaled_prediction_teaches_the_whole_ratio() -> None:
     )
     learner = StudyLearner(capacity_gib=80.0)
     learner.observe(rec)
-    assert learner.phase_scales["generation"] == pytest.approx(24.1 / (24.0 / 0.71))
+    scales = learner.scales_for(enforce_eager=False)
+    assert scales["generation"] == pytest.approx(24.1 / (24.0 / 0.71))
     # no scale recorded (rows from before it was applied): the prediction is the cost model's
-    assert learner.phase_scales["old_log_prob"] == pytest.approx(2.0 / 1.6)
-    assert learner.phase_scales["update_actor"] == 1.0
+    assert scales["old_log_prob"] == pytest.approx(2.0 / 1.6)
+    assert scales["update_actor"] == 1.0
 
 
 def test_what_a_row_measured() -> None:
@@ -203,7 +204,8 @@ def test_what_a_row_measured() -> None:
             pred_update_actor_s=1.0,
         )
     )
-    assert learner.phase_scales == {"generation": 1.0, "old_log_prob": 2.0, "update_actor": 2.0}
+    graph = learner.scales_for(enforce_eager=False)
+    assert graph == {"generation": 1.0, "old_log_prob": 2.0, "update_actor": 2.0}
 
 
 def test_the_scaled_estimate_is_one_step(tmp_path: Path) -> None:
@@ -249,7 +251,7 @@ def test_eager_generation_is_learned_apart_on_the_real_study(tmp_path: Path) -> 
         if r.trial == 6:
             break
         learner.observe(r)
-    graph = learner.phase_scales
+    graph = learner.scales_for(enforce_eager=False)
     assert graph["generation"] == pytest.approx(0.681, abs=0.001)
     assert learner.scales_for(enforce_eager=True) == {**graph, "generation": EAGER_PRIOR}
     # the prior the data chose: the cost model misses the eager row by less than the graph scale
@@ -259,8 +261,9 @@ def test_eager_generation_is_learned_apart_on_the_real_study(tmp_path: Path) -> 
     learner.observe(six)
     assert learner.scales_for(enforce_eager=True)["generation"] == pytest.approx(meas / raw)
     assert learner.scales_for(enforce_eager=True)["generation"] == pytest.approx(2.907, abs=0.001)
-    assert learner.phase_scales["generation"] == graph["generation"]  # graph rows only
-    assert learner.phase_scales["old_log_prob"] != graph["old_log_prob"]  # every row, as before
+    after = learner.scales_for(enforce_eager=False)
+    assert after["generation"] == graph["generation"]  # graph rows only
+    assert after["old_log_prob"] != graph["old_log_prob"]  # every row, as before
     # the whole study: the graph scale of its graph rows alone (with the eager row among them
     # the median was 0.711)
     for r in rows:
@@ -270,7 +273,10 @@ def test_eager_generation_is_learned_apart_on_the_real_study(tmp_path: Path) -> 
     for r in rows:
         if not eager(r):
             graph_only.observe(r)
-    assert learner.phase_scales["generation"] == graph_only.phase_scales["generation"]
+    assert (
+        learner.scales_for(enforce_eager=False)["generation"]
+        == graph_only.scales_for(enforce_eager=False)["generation"]
+    )
 
     # propose() applies the candidate's mode's scales, and the record keeps the one applied
     req = _request(tmp_path)

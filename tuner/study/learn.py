@@ -180,12 +180,6 @@ class StudyLearner:
         the cost model's); 1 until a trial is measured."""
         return self.scales.get("step", 1.0)
 
-    @property
-    def phase_scales(self) -> dict[str, float]:
-        """Measured/predicted time of each phase of SCALED_PHASES (1 until a row timed it), for
-        a candidate with CUDA graphs (scales_for(False))."""
-        return self.scales_for(enforce_eager=False)
-
     def scales_for(self, enforce_eager: bool) -> dict[str, float]:
         """The phase scales for a candidate of this `enforce_eager`: generation from the rows of
         the same mode (EAGER_PRIOR for eager until an eager row timed it), the other phases from
