@@ -85,8 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tuner.study import Progress, run_study
 
     setup = build_setup(args)
-    options = verl_runner_options(args) if args.runner == "verl" else {}
-    if args.runner in ("megatron", "auto"):
+    options: dict[str, Any] = {}
+    if args.runner == "verl":
+        options = verl_runner_options(args)
+    elif args.runner in ("megatron", "auto"):  # auto may choose megatron
         options = megatron_runner_options(args)
     runner = make_runner(args.runner, **options)
     req = build_request(args, setup, runner)
@@ -151,7 +153,7 @@ def refuse_if_nothing_fits(req: Any, limits: Any) -> None:
 
     space = SearchSpace(model=req.model, cluster=req.cluster, workload=req.workload, limits=limits)
     space.check_nonempty()
-    if getattr(req, "candidates_from", None) is not None:
+    if req.candidates_from is not None:
         from tuner.study.grid import candidates_from_params
 
         candidates_from_params(req.candidates_from, space)  # its refusals, before any write
