@@ -28,6 +28,7 @@ what a study learns from its own trials is `tuner.fit.online.MemoryGuard`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -303,8 +304,14 @@ def vllm_outside_gib(rollout_tp: int, cluster: Cluster, *, asleep: bool = False)
     own = VLLM_ASLEEP_GIB if asleep else VLLM_PROCESS_GIB
     if rollout_tp <= 1:
         return own
+    return own + _vllm_tp_gib(rollout_tp, cluster.local_gpus)
+
+
+@functools.lru_cache(maxsize=64)
+def _vllm_tp_gib(rollout_tp: int, local_gpus: int) -> float:
+    """vLLM's tensor-parallel communicator (cached: estimate() asks for it three times a call)."""
     tp = Communicator(name="vLLM TP group", size=rollout_tp, stride=1)
-    return own + communicator_gib(tp, cluster.local_gpus)
+    return communicator_gib(tp, local_gpus)
 
 
 def verl_training_outside_gib(rollout_tp: int, cluster: Cluster) -> float:
