@@ -311,6 +311,25 @@ def test_a_utilization_the_actor_leaves_no_room_for_is_unfit():
     assert unfit_in_generation(estimate(offloaded, m, cl, w), cl, None) == ""
 
 
+def test_a_weight_sync_that_does_not_fit_is_not_blamed_on_the_utilization():
+    """verl's weight sync holds no vLLM budget (its KV cache asleep): where it is generation's
+    peak, no gpu_memory_utilization makes room, and the reason says so."""
+    m, cl = get_model("qwen2.5-14b"), Cluster(gpu=get_gpu("h100"), num_gpus=8)
+    w = get_workload("dapo-math")
+    lay = ParallelLayout(world=8, tp=1)
+    whys = set()
+    for util in (0.2, 0.3):
+        e = estimate(
+            Candidate(layout=lay, gpu_memory_utilization=util, optimizer_offload=True), m, cl, w
+        )
+        assert e.memory.weight_sync_device_gib == e.memory.generation_device_gib
+        why = unfit_in_generation(e, cl, None)
+        assert why.startswith("verl's weight sync holds "), why
+        assert "gpu_memory_utilization(" not in why
+        whys.add(why)
+    assert len(whys) == 1  # the utilization changes nothing in it
+
+
 def test_generation_fit_is_verls_whatever_kernels_the_local_layers_pin():
     """Real verl ran results/verl4k-h100-x1.csv trial 1 (gpu_memory_utilization 0.5, device
     72.6 GiB sampled); the fast runner's local layers pin the fusions off, and their worker's

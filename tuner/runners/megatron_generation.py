@@ -169,18 +169,27 @@ def generation_spec(
 
 
 def unfit_in_generation(pred: Estimate, cluster: Cluster, headroom_gib: float | None) -> str:
-    """Why verl's generation would not fit (the cost model's): vLLM's gpu_memory_utilization
-    share plus what the actor (and reference) leave on the GPU past the capacity, or no KV cache
-    for one sequence; '' if it fits."""
+    """Why verl's generation would not fit (the cost model's, tuner.estimate.memory
+    `verl_generation_gib`): vLLM's gpu_memory_utilization budget plus what else the GPU holds
+    then (the actor's and reference's states and process, vLLM's process beyond its budget), or
+    the weight sync before it, past the capacity; or no KV cache for one sequence; '' if it
+    fits."""
     _, device, _, unfit = memory_view(
         pred, cluster, phases=("generation",), headroom_gib=headroom_gib
     )
     if unfit:
         mem, cap = pred.memory, cluster.gpu.memory_gib
+        if mem.weight_sync_device_gib >= device:  # the sync is the peak: vLLM's KV cache asleep
+            return (
+                f"verl's weight sync holds {device:.1f} GiB whatever gpu_memory_utilization: "
+                f"the actor's states, its parameters as exported, the bucket and vLLM's weights "
+                f"({unfit})"
+            )
         return (
             f"gpu_memory_utilization({mem.rollout_gib / cap:.2f}) leaves no room for the actor: "
-            f"vLLM's {mem.rollout_gib:.1f} GiB + {device - mem.rollout_gib:.1f} GiB the actor "
-            f"keeps in generation ({unfit})"
+            f"vLLM's {mem.rollout_gib:.1f} GiB budget + {device - mem.rollout_gib:.1f} GiB beside "
+            f"it in generation (the actor's states and process, vLLM's process beyond its "
+            f"budget) ({unfit})"
         )
     if not pred.fits and "KV cache" in pred.fit_reason:
         return pred.fit_reason
