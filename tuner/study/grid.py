@@ -133,8 +133,6 @@ def verl_example_params(space: SearchSpace) -> list[tuple[dict[str, Any], str]]:
 
 CANDIDATES_FROM_ORIGIN = "from"
 """Origin of a candidate taken from another leaderboard: `from <csv> trial <n>`."""
-SAME_WORKLOAD = ("max_prompt_len", "max_response_len", "bs", "n", "mini_bs", "num_gpus")
-"""Columns a row must share with the study for its candidate to mean the same configuration."""
 
 
 def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dict[str, Any], str]]:
@@ -149,6 +147,7 @@ def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dic
     if not rows:
         raise UserError(f"--candidates-from {csv_path}: no ok row to take candidates from")
     w, cl = space.workload, space.cluster
+    # the columns a row must share with the study for its candidate to mean the same one
     want = {
         "max_prompt_len": w.prompt_len,
         "max_response_len": w.response_len,
@@ -160,9 +159,7 @@ def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dic
     out: list[tuple[dict[str, Any], str]] = []
     taken: list[Candidate] = []
     for r in rows:
-        diff = [
-            f"{k} {r.get(k)} (here {want[k]})" for k in SAME_WORKLOAD if number(r.get(k)) != want[k]
-        ]
+        diff = [f"{k} {r.get(k)} (here {v})" for k, v in want.items() if number(r.get(k)) != v]
         if diff:
             raise UserError(
                 f"--candidates-from {csv_path}: trial {r.get('trial')} ran another workload or "
