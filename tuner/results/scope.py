@@ -1,5 +1,5 @@
 """What a row's throughput covers: the whole RL step, generation + training, training alone, or
-the cost model's prediction; one rule that `tune show`, `tune report` and the learner read."""
+the cost model's prediction; one rule that `tune show`, `tune report` and pinned_knobs read."""
 
 from __future__ import annotations
 
