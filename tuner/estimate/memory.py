@@ -227,11 +227,7 @@ def local_norms(c: Candidate) -> bool:
     off every fusion that needs them (tuner/runners/megatron.py MEGATRON_PINNED), verl's
     defaults keep them on. What its process holds outside PyTorch is the runner's, not the
     layers' (device.memory_view `process_gib`)."""
-    return not (
-        getattr(c, "bias_activation_fusion", True)
-        or getattr(c, "apply_rope_fusion", True)
-        or getattr(c, "gradient_accumulation_fusion", True)
-    )
+    return not (c.bias_activation_fusion or c.apply_rope_fusion or c.gradient_accumulation_fusion)
 
 
 def separate_norms(is_moe: bool, local_norm: bool) -> int:
@@ -450,12 +446,11 @@ def memory_of(
     # verl's processes; in the training phases the megatron runner's view puts its worker's
     # in their place (device.memory_view `process_gib`), generation stays verl's whatever
     # layers the worker builds (verl4k-h100-x1 trial 1 ran it at 72.6 GiB in real verl)
-    cuda_ctx = CUDA_CONTEXT_GIB
     nccl = _nccl_of(ctx, lay)
-    outside = cuda_ctx + nccl
+    outside = CUDA_CONTEXT_GIB + nccl
     slack_lp = slack_gib(lp_transient / g)
     slack_upd = slack_gib(upd_transient / g)
-    one_process = gen_peak / g + CUDA_CONTEXT_GIB + nccl
+    one_process = gen_peak / g + outside
     rollout_dev = sync_dev = one_process
     training = 0.0  # verl 0.9.1's vLLM worker sleeps beside the actor in the training phases
     if not rollout_in_actor:
@@ -477,7 +472,7 @@ def memory_of(
         dispatch_gib=dispatch_upd / g,
         reference_gib=ref_w / g,
         workspace_gib=WORKSPACE_GIB,
-        cuda_context_gib=cuda_ctx,
+        cuda_context_gib=CUDA_CONTEXT_GIB,
         nccl_gib=nccl,
         update_transient_gib=upd_transient / g,
         slack_gib=slack_upd,
