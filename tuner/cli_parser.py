@@ -23,7 +23,7 @@ from tuner.cli_args import (
     study_name,
     verl_override_text,
 )
-from tuner.estimate.device import PHASE_HEADROOM_GIB
+from tuner.headroom import PHASE_HEADROOM_GIB
 from tuner.megatron_layers import LAYER_SPEC_CHOICES
 
 DESCRIPTION = """\
