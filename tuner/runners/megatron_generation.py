@@ -169,7 +169,7 @@ def generation_spec(
 
 
 def unfit_in_generation(pred: Estimate, cluster: Cluster, headroom_gib: float | None) -> str:
-    """Why verl's generation would not fit (the cost model's, tuner.estimate.memory
+    """Why verl's generation would not fit (the cost model's, tuner.estimate.rollout_memory
     `verl_generation_gib`): vLLM's gpu_memory_utilization budget plus what else the GPU holds
     then (the actor's and reference's states and process, vLLM's process beyond its budget), or
     the weight sync before it, past the capacity; or no KV cache for one sequence; '' if it
