@@ -19,6 +19,8 @@
 # pred_generation_s; the training rows' peak_mem_device_gib include the sleeping engine's
 # residue (gen_device_used_after_sleep_gib).
 set -u
+# shellcheck source=scripts/gpu_pack.sh
+source "$(dirname "$0")/gpu_pack.sh"
 out=${1:?give an output folder}
 trials=${2:-3}
 verl_csv=${VERL_CSV:-results/verl4k-h100-x1.csv}
@@ -59,7 +61,6 @@ for r in rows:
             parts.append(f"{f} {float(r[f]):.2f}/{float(v[f]):.2f} = {float(r[f]) / float(v[f]):.3f}")
     print(f"  {origin}: " + "; ".join(parts))
 PY
-find "$out/r" -name '*.log' -size +20k -exec sh -c 'tail -c 20000 "$1" > "$1.tail"; rm "$1"' _ {} \;
-tar czf "$out/$study.tgz" -C "$out/r" . && rm -rf "$out/r"
+pack_folder "$out/r" "$out/$study.tgz"
 echo "gpu_generation_check: $study exit $rc"
 exit "$rc"

@@ -14,6 +14,8 @@
 # The study stops launching after SECONDS; the finished rows, the Optuna storage and the
 # trials' log tails are packed into OUT_DIR/<study>.tgz, the console into OUT_DIR/<study>.log.
 set -u
+# shellcheck source=scripts/gpu_pack.sh
+source "$(dirname "$0")/gpu_pack.sh"
 case_=${1:?give dense, moe, small or smoke}
 out=${2:?give an output folder}
 budget=${3:?give the seconds after which no trial is launched}
@@ -44,6 +46,5 @@ timeout $((budget + 200)) python3 -m tuner --model "$model" --gpus "$gpus" --gpu
 rc=${PIPESTATUS[0]}
 echo "gpu_study: $study exit $rc"
 # keep the logs' tails only (the full ones can be large), then pack the study
-find "$out/r" -name '*.log' -size +20k -exec sh -c 'tail -c 20000 "$1" > "$1.tail"; rm "$1"' _ {} \;
-tar czf "$out/$study.tgz" -C "$out/r" . && rm -rf "$out/r"
+pack_folder "$out/r" "$out/$study.tgz"
 exit "$rc"

@@ -21,6 +21,8 @@
 # and of the peaks; extra's attention= (varlen_attn or the aten flash path vs
 # TEDotProductAttention) and layer_spec=.
 set -u
+# shellcheck source=scripts/gpu_pack.sh
+source "$(dirname "$0")/gpu_pack.sh"
 out=${1:?give an output folder}
 SITE=${SITE:-/tmp/gpu-site}
 # shellcheck disable=SC1091
@@ -80,7 +82,6 @@ for t in te:
 if not te:
     print("no te rows")
 PY
-find "$out/r" -name '*.log' -size +20k -exec sh -c 'tail -c 20000 "$1" > "$1.tail"; rm "$1"' _ {} \;
-tar czf "$out/te-parity.tgz" -C "$out/r" . && rm -rf "$out/r"
+pack_folder "$out/r" "$out/te-parity.tgz"
 echo "gpu_te_parity: local exit $rc_local, te exit $rc_te"
 [ "$rc_local" = 0 ] && [ "$rc_te" = 0 ]
