@@ -11,6 +11,9 @@
 #   small  Qwen3-1.7B (QK-norm; scripts/models/qwen3-1.7b) on 1 GPU: prompts 1024, responses up
 #          to 15360 (mean 6000), 4 prompts x 4, mini batch 2
 #   smoke  the moe model and workload, 2 trials: checks the host before a long study
+#   gen8k  the whole step (issue 18): Qwen3-1.7B on 1 GPU, generation measured by vLLM
+#          (--measure-generation; needs the kit in $SITE, scripts/gpu_verl_host.sh install):
+#          prompts 1024, responses up to 8192 (mean 6000), 8 prompts x 4, mini batch 4
 # The study stops launching after SECONDS; the finished rows, the Optuna storage and the
 # trials' log tails are packed into OUT_DIR/<study>.tgz, the console into OUT_DIR/<study>.log.
 set -u
@@ -27,9 +30,15 @@ case $case_ in
     wl=(--response-mean 3000 --batch 8 --n 4 --mini-batch 4) ;;
   small) model=scripts/models/qwen3-1.7b/config.json; gpus=1
     wl=(--response-len 15360 --response-mean 6000 --batch 4 --n 4 --mini-batch 2) ;;
-  *) echo "gpu_study: dense, moe, small or smoke, not $case_" >&2; exit 2 ;;
+  gen8k) model=scripts/models/qwen3-1.7b/config.json; gpus=1
+    wl=(--response-mean 6000 --batch 8 --n 4 --mini-batch 4 --measure-generation) ;;
+  *) echo "gpu_study: dense, moe, small, smoke or gen8k, not $case_" >&2; exit 2 ;;
 esac
 [ "$case_" = smoke ] && trials=2
+if [ "$case_" = gen8k ]; then
+  # shellcheck disable=SC1091
+  source "${SITE:-/tmp/gpu-site}/env.sh" || { echo "gpu_study: install the kit first" >&2; exit 1; }
+fi
 python3 -c "import megatron.core, optuna" 2>/dev/null || source scripts/gpu_setup.sh .whl || exit 1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case $gpu in *H200*) kind=h200 ;; *H100*) kind=h100 ;; *A100*) kind=a100 ;; *H20*) kind=h20 ;; *) kind=h100 ;; esac

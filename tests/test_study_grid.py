@@ -190,3 +190,118 @@ def test_candidates_from_another_workload_is_one_line_and_nothing_written(
     assert rc == 2 and len(err) == 1
     assert "another workload" in err[0] and "max_response_len 4096 (here 2048)" in err[0]
     assert not out.exists()
+
+
+def test_hand_rollout_is_the_least_parallelism_and_the_largest_utilization() -> None:
+    """The published rule (verl docs/perf/perf_tuning.rst): smaller rollout TP, larger
+    gpu_memory_utilization; the grid starts each candidate there."""
+    from tuner.space import GPU_MEMORY_UTILIZATIONS
+
+    space = _space("qwen2.5-7b", 8, EstimateRunner())
+    assert min(space.rollout_tps) < max(space.rollout_tps)
+    for c, _ in hand_grid(space):
+        assert (c.rollout_tp, c.rollout_dp, c.rollout_ep) == (min(space.rollout_tps), 1, 1)
+        assert c.gpu_memory_utilization == max(GPU_MEMORY_UTILIZATIONS)
+
+
+def test_hand_utilization_is_the_largest_not_predicted_oom_in_generation(tmp_path: Path) -> None:
+    """Where the cost model says the largest utilization leaves the actor no room in
+    generation, the hand row takes the next one down, and says which it passed over."""
+    from tuner.space import GPU_MEMORY_UTILIZATIONS
+
+    cl = Cluster(gpu=get_gpu("h100"), num_gpus=8)
+    req = TuneRequest(
+        model=REGISTRY["qwen2.5-7b"],
+        model_arg="qwen2.5-7b",
+        cluster=cl,
+        workload=PRESETS["dapo-math"],
+        runner=EstimateRunner(),
+        trials=8,
+        hand_grid=True,
+        warm_start=False,
+        results_dir=tmp_path / "results",
+    )
+    run_study(req)
+    rows = [r for r in read_raw(req.csv_path) if r["origin"].startswith(HAND_GRID_ORIGIN)]
+    lowered = [r for r in rows if float(r["gpu_memory_utilization"]) < max(GPU_MEMORY_UTILIZATIONS)]
+    assert lowered, "the 7B on 8 H100 is predicted not to fit generation at 0.8"
+    for r in lowered:
+        assert "predicted OOM in generation" in r["origin"]
+        assert "in generation" not in r["reason"]  # the lowered one is not a generation OOM
+    assert all(
+        r["rollout_tp"]
+        == str(min(SearchSpace(model=req.model, cluster=cl, workload=req.workload).rollout_tps))
+        for r in rows
+    )
+
+
+def test_a_hand_trial_that_ran_out_of_memory_in_generation_is_retried_one_step_lower() -> None:
+    from tuner.results import Status, TrialRecord
+    from tuner.study.grid import hand_retry_params
+
+    p = {"gpu_memory_utilization": 0.7, "recompute": "none"}
+    origin = f"{HAND_GRID_ORIGIN}: tp1 recompute none budget 1x"
+
+    def rec(status: Status, reason: str) -> TrialRecord:
+        return TrialRecord(study="s", trial=0, status=status, reason=reason)
+
+    gen_oom = rec(Status.OOM, "generation: CUDA out of memory. Tried to allocate 2.0 GiB")
+    got = hand_retry_params(p, origin, gen_oom)
+    assert got is not None
+    params, new_origin = got
+    assert params == {"gpu_memory_utilization": 0.6, "recompute": "none"}
+    assert new_origin.startswith(origin) and "0.6 after OOM in generation at 0.7" in new_origin
+    # a second retry keeps the first label, not a chain of notes
+    again = hand_retry_params(params, new_origin, gen_oom)
+    assert again is not None and again[1].count("after OOM") == 1
+    verl_oom = rec(Status.OOM, "CUDA OOM in gen: Tried to allocate 1.2 GiB")
+    assert hand_retry_params(p, origin, verl_oom) is not None
+    # not: another phase, a sync peak, a KV cache too small, a searched trial, the lowest one
+    assert hand_retry_params(p, origin, rec(Status.OOM, "update_actor: CUDA out of memory")) is None
+    sync = rec(Status.PRUNED_OOM, "predicted verl's weight sync holds 70 GiB whatever ...")
+    assert hand_retry_params(p, origin, sync) is None
+    kv = rec(Status.PRUNED_OOM, "KV cache holds no full sequence")
+    assert hand_retry_params(p, origin, kv) is None
+    assert hand_retry_params(p, "estimator", gen_oom) is None
+    assert hand_retry_params({**p, "gpu_memory_utilization": 0.4}, origin, gen_oom) is None
+    assert hand_retry_params(p, origin, rec(Status.OK, "")) is None
+
+
+class _GenerationOOMAbove(EstimateRunner):
+    """The estimator, except that generation runs out of memory above a utilization: what a
+    GPU shows and a CPU cannot (the retry is the loop's, whatever the runner)."""
+
+    def run(self, spec):  # type: ignore[no-untyped-def]
+        from tuner.results import Status, TrialResult
+
+        if spec.candidate.gpu_memory_utilization > 0.6:
+            return TrialResult(
+                status=Status.OOM, source="estimate", reason="generation: CUDA out of memory"
+            )
+        return super().run(spec)
+
+
+def test_a_study_retries_the_hand_trial_lower_after_a_measured_generation_oom(
+    tmp_path: Path,
+) -> None:
+    cl = Cluster(gpu=get_gpu("h200"), num_gpus=8)
+    req = TuneRequest(
+        model=REGISTRY["qwen2.5-7b"],
+        model_arg="qwen2.5-7b",
+        cluster=cl,
+        workload=PRESETS["dapo-math"],
+        runner=_GenerationOOMAbove(),
+        trials=40,
+        hand_grid=True,
+        warm_start=False,
+        results_dir=tmp_path / "results",
+    )
+    run_study(req)
+    rows = [r for r in read_raw(req.csv_path) if r["origin"].startswith(HAND_GRID_ORIGIN)]
+    first = [r for r in rows if "after OOM" not in r["origin"]]
+    assert first and all(
+        r["status"] == "oom" for r in first if float(r["gpu_memory_utilization"]) > 0.6
+    )
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok and all(r["gpu_memory_utilization"] == "0.6" for r in ok)
+    assert all("after OOM in generation" in r["origin"] for r in ok)

@@ -3,18 +3,24 @@ search so that "how much better is the tuned answer" is a measured ratio, not a 
 
 The grid is the plain layouts (one parallel degree over the whole world, the way a hand-written
 recipe starts: `tp2`, `pp2`, `ep2`, `dp2`), times recompute none/full, times a token budget of
-one and two full samples; every other knob keeps verl's default. Each candidate is enqueued
-once (before the warm start), with `origin=hand grid`; the ones the cost model says cannot fit
-end as `pruned-oom-predicted` rows without a launch, like any other candidate.
+one and two full samples. The rollout follows the published rule (HAND_ROLLOUT_RULE): the least
+rollout parallelism and the largest `gpu_memory_utilization`, lowered one step after a hand
+trial runs out of memory in generation (`hand_retry_params`, measured or predicted). Every other
+knob keeps verl's default. Each candidate is enqueued once (before the warm start), with
+`origin=hand grid`; the ones the cost model says cannot fit end as `pruned-oom-predicted` rows
+without a launch, like any other candidate.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tuner.results import Status, TrialRecord
 from tuner.space import (
+    GPU_MEMORY_UTILIZATIONS,
     Candidate,
     ParallelLayout,
     SearchSpace,
@@ -30,6 +36,14 @@ HAND_BUDGET_FACTORS = (1.0, 2.0)
 """ppo_max_token_len_per_gpu as multiples of one full sample (prompt + response)."""
 HAND_LAYOUTS = 2
 """Plain layouts in the grid at most (largest single degree first: tp, then ep, pp, dp)."""
+HAND_ROLLOUT_RULE = "least rollout parallelism, largest gpu_memory_utilization unless OOM"
+"""The published rule for verl's rollout (docs/perf/perf_tuning.rst, "Rollout Generation
+Tuning": "Increase gpu_memory_utilization" unless it leads to OOM, "Use a smaller
+tensor_parallel_size"): the hand grid's rollout TP is the least the space allows (rollout DP
+and EP 1) and its utilization the largest the space offers, lowered a step per OOM in
+generation (`hand_retry_params`)."""
+UTILIZATION_PARAM = "gpu_memory_utilization"
+"""The sampler's parameter of the knob (tuner.space.knobs: no `param` of its own)."""
 
 
 def _plain(lay: ParallelLayout) -> bool:
@@ -71,6 +85,8 @@ def hand_grid(space: SearchSpace, layouts: int = HAND_LAYOUTS) -> list[tuple[Can
                     use_dynamic_bsz=True,
                     ppo_max_token_len_per_gpu=budget,
                     log_prob_max_token_len_per_gpu=round_up(2 * budget, 1024),
+                    rollout_tp=min(space.rollout_tps),
+                    gpu_memory_utilization=max(GPU_MEMORY_UTILIZATIONS),
                 )
                 if m.is_moe and lay.tp > 1:
                     c = dataclasses.replace(c, sequence_parallel=True)
@@ -80,17 +96,81 @@ def hand_grid(space: SearchSpace, layouts: int = HAND_LAYOUTS) -> list[tuple[Can
     return out
 
 
-def hand_grid_params(space: SearchSpace) -> list[tuple[dict[str, Any], str]]:
-    """The grid as (sampler params, origin) pairs for Optuna's enqueue_trial."""
+def hand_grid_params(
+    space: SearchSpace, unfit: Callable[[Candidate], str] | None = None
+) -> list[tuple[dict[str, Any], str]]:
+    """The grid as (sampler params, origin) pairs for Optuna's enqueue_trial. With `unfit`
+    (the study's prediction of a candidate: why it does not fit, '' where it does) each
+    candidate's utilization is the largest not predicted to run out of memory in generation
+    (HAND_ROLLOUT_RULE's "unless OOM", before a launch; an OOM measured later lowers it once
+    more: hand_retry_params)."""
     out: list[tuple[dict[str, Any], str]] = []
     seen: set[tuple[Any, ...]] = set()
     for c, label in hand_grid(space):
+        if unfit is not None:
+            c, note = largest_utilization(c, unfit)
+            label += note
         p = params_for(c, space)
         key = tuple(sorted(p.items()))
         if key not in seen:
             seen.add(key)
             out.append((p, f"{HAND_GRID_ORIGIN}: {label}"))
     return out
+
+
+def generation_oom(reason: str) -> bool:
+    """Whether an out-of-memory reason, measured or predicted, is generation's where a lower
+    gpu_memory_utilization is what a user would try: the megatron runner's `generation: ...`
+    (tuner.runners.megatron_generation), verl's `CUDA OOM in gen: ...` (runners.verl_log), the
+    cost model's `... in generation + headroom` and `gpu_memory_utilization(...) leaves no room`
+    (unfit_in_generation). Not the weight sync's peak (utilization does not change it) nor a
+    KV cache too small for one sequence (a lower one makes that worse)."""
+    if "weight sync" in reason or "KV cache" in reason:
+        return False
+    return (
+        reason.startswith("generation")
+        or " in gen:" in reason
+        or " in generation +" in reason
+        or "leaves no room" in reason
+    )
+
+
+def oom_in_generation(rec: TrialRecord) -> bool:
+    """Whether the row ran (or was predicted to run) out of memory in generation."""
+    return rec.status in (Status.OOM, Status.PRUNED_OOM) and generation_oom(rec.reason)
+
+
+def largest_utilization(c: Candidate, unfit: Callable[[Candidate], str]) -> tuple[Candidate, str]:
+    """The hand rule's utilization for `c`: the largest offered that `unfit` (the study's
+    prediction, '' where it fits) does not say runs out of memory in generation, with a note
+    of the ones passed over ('' when the largest is taken); the smallest where none fits."""
+    passed: list[str] = []
+    for u in sorted(GPU_MEMORY_UTILIZATIONS, reverse=True):
+        cu = dataclasses.replace(c, gpu_memory_utilization=u)
+        if not generation_oom(unfit(cu)):
+            break
+        passed.append(f"{u:g}")
+    note = f", gpu_memory_utilization {u:g} ({'/'.join(passed)} predicted OOM in generation)"
+    return cu, note if passed else ""
+
+
+def hand_retry_params(
+    params: dict[str, Any], origin: str, rec: TrialRecord
+) -> tuple[dict[str, Any], str] | None:
+    """The hand trial once more with the next lower gpu_memory_utilization, where it ran out
+    of memory in generation (HAND_ROLLOUT_RULE), as (sampler params, origin); None for other
+    trials, other ends, or the lowest utilization."""
+    u = params.get(UTILIZATION_PARAM)
+    if not origin.startswith(HAND_GRID_ORIGIN) or u is None or not oom_in_generation(rec):
+        return None
+    lower = [x for x in GPU_MEMORY_UTILIZATIONS if x < float(u)]
+    if not lower:
+        return None
+    base = origin.split(";", 1)[0]
+    return (
+        {**params, UTILIZATION_PARAM: lower[-1]},
+        f"{base}; gpu_memory_utilization {lower[-1]:g} after OOM in generation at {float(u):g}",
+    )
 
 
 VERL_EXAMPLE_ORIGIN = "hand: verl example"
