@@ -268,6 +268,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reread(args: argparse.Namespace) -> int:
+    from tuner.study.reread import reread
+
+    for line in reread(args.study, args.results_dir, storage=args.storage):
+        print(line)
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from tuner.models import REGISTRY
 
@@ -323,6 +331,7 @@ COMMANDS = {
     "export": cmd_export,
     "plot": cmd_plot,
     "report": cmd_report,
+    "reread": cmd_reread,
     "models": cmd_models,
     "estimate": cmd_estimate,
     "calibrate": cmd_calibrate,

@@ -34,6 +34,7 @@ Find the fastest verl Megatron configuration for a model, an RL workload and a G
   tune export results/<study>.csv --rank 1      the best row as a runnable verl script
   tune plot results/<study>.csv                 search progress and best layouts as a PNG
   tune report results/<study>.csv               one HTML page: the answer, progress, costs
+  tune reread --study <study>                   fill old verl rows from their own logs
   tune models                                   the model registry
   tune estimate --model qwen2.5-7b --gpus 8 --layout tp4pp2    the cost model for one layout
 """
@@ -360,6 +361,34 @@ def build_parser() -> argparse.ArgumentParser:
         type=path_text,
         default=None,
         help="HTML path (default: beside the CSV, same name)",
+    )
+
+    rr = sub.add_parser(
+        "reread",
+        help="fill a study's empty verl measures from its trials' own logs",
+        description="Read the finished ok verl rows of a study again, from the logs their trials "
+        "left in <results-dir>/<study>/trials/<n>/ (verl's metrics file, else verl.log, "
+        "verl.log.gz or verl.log.tail), with this version's parser: each measured field "
+        "(throughput, phase times, allocator peaks) a row has empty is filled from the same "
+        "step the row reports, in a log whose throughput at that step is the row's. A value a "
+        "row holds is never replaced. The values are kept in the study's storage (study user "
+        "attr `reread`, with the log and the parser that read them: Optuna keeps a finished "
+        "trial as it was) and shown by every reader of the study; the CSV is rebuilt and the "
+        "row's extra says `reread=<fields>`. Prints one line per row. Running it again changes "
+        "nothing.",
+    )
+    rr.add_argument("--study", type=study_name, required=True, help="the study's name")
+    rr.add_argument(
+        "--results-dir",
+        type=path_text,
+        default=Path("results"),
+        help="the folder holding <study>.csv, <study>/trials/ and the storage (default results)",
+    )
+    rr.add_argument(
+        "--storage",
+        default=None,
+        help="the study's Optuna storage (default: <study>.sqlite3, else studies.sqlite3, in "
+        "--results-dir)",
     )
 
     sub.add_parser("models", help="list the model registry")

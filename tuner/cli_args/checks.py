@@ -360,6 +360,21 @@ def _check_report(args: argparse.Namespace) -> None:
     check_output_file(Path(out), flag, kind=".html", inputs=reads)
 
 
+def _check_reread(args: argparse.Namespace) -> None:
+    """The results folder is there (reread creates none) and its CSV may be rewritten."""
+    results = args.results_dir
+    st = _probe(results, "--results-dir")
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        what = "does not exist" if st is None else "is not a folder"
+        raise UserError(
+            f"--results-dir {results} {what}: pass the folder holding {args.study}.csv and "
+            f"{args.study}/trials/ (tune run's --results-dir)"
+        )
+    check_writable_file(results / f"{args.study}.csv", "leaderboard of the study:")
+    if args.storage and "://" not in args.storage:
+        check_writable_file(Path(args.storage), "--storage")
+
+
 VALIDATORS: dict[str, Callable[[argparse.Namespace], None]] = {
     "run": _check_run,
     "export": _check_export,
@@ -367,6 +382,7 @@ VALIDATORS: dict[str, Callable[[argparse.Namespace], None]] = {
     "calibrate": _check_calibrate,
     "show": _check_table,
     "report": _check_report,
+    "reread": _check_reread,
     "plot": _check_plot,
 }
 

@@ -87,14 +87,17 @@ def _open_study(s: Study, storage: str | None) -> tuple[Any, str, str]:
     return st, f"Study {_e(name)} in {_e(redact(url))}.", url
 
 
-def importance_study(trials: Sequence[Any]) -> tuple[Any, list[str]]:
+def importance_study(
+    trials: Sequence[Any], overlay: dict[str, Any] | None = None
+) -> tuple[Any, list[str]]:
     """An in-memory Optuna study of the completed `trials` on a bounded parameterization, for
     fANOVA: each knob as sampled, except a categorical of more than `MAX_IMPORTANCE_CHOICES`
-    choices (left out), plus the layout's degrees from each trial's record as integers.
+    choices (left out), plus the layout's degrees from each trial's record (`stored_record`,
+    with the study's `tune reread` fills, `overlay`) as integers.
     Returns (the study, the knobs left out)."""
     import optuna
 
-    from tuner.study.storage import RECORD_ATTR
+    from tuner.study.storage import stored_record
 
     dists = optuna.distributions
     left_out: set[str] = set()
@@ -109,8 +112,8 @@ def importance_study(trials: Sequence[Any]) -> tuple[Any, list[str]]:
                 left_out.add(k)
                 continue
             params[k], dist[k] = v, d
-        rec = t.user_attrs.get(RECORD_ATTR)
-        if isinstance(rec, dict):
+        rec = stored_record(t, overlay)
+        if rec is not None:
             for k in LAYOUT_DEGREES:
                 v = rec.get(k)
                 if isinstance(v, int) and v >= 1 and k not in params:
@@ -164,7 +167,9 @@ def section_knobs(s: Study, storage: str | None) -> str:
             + dash
         )
     try:
-        bounded, left_out = importance_study(done)
+        from tuner.study.storage import reread_overlay
+
+        bounded, left_out = importance_study(done, reread_overlay(st))
         ev = optuna.importance.FanovaImportanceEvaluator(seed=0)
         imp = optuna.importance.get_param_importances(bounded, evaluator=ev)
     except ImportError:

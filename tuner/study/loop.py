@@ -39,8 +39,10 @@ from tuner.study.objective import (
 )
 from tuner.study.request import Progress, StudySummary, TuneRequest
 from tuner.study.storage import (
+    FINISHED,
     HEARTBEAT_S,
     NOT_COUNTED,
+    RECIPES_ATTR,
     RECORD_ATTR,
     WORKER,
     Heartbeat,
@@ -48,10 +50,12 @@ from tuner.study.storage import (
     open_storage,
     reclaim_interrupted,
     record_of,
+    reread_overlay,
     running_elsewhere,
     state_for,
     storage_label,
     store_record,
+    stored_record,
     study_lock,
 )
 from tuner.study.view import check_leaderboard, write_leaderboard
@@ -64,13 +68,6 @@ fit the GPUs); they do not count against --trials."""
 VIEW_EVERY_PRUNED = 25
 """The CSV is rebuilt after every launched trial, and after this many pruned ones (their
 records are in the storage at once; the CSV catches up, at the latest when the study ends)."""
-RECIPES_ATTR = "recipes"
-"""Study user attr: {trial number: recipe path} of the recipes written for the best rows."""
-_FINISHED = (
-    optuna.trial.TrialState.COMPLETE,
-    optuna.trial.TrialState.PRUNED,
-    optuna.trial.TrialState.FAIL,
-)
 _COUNTED_OFF = frozenset(s.value for s in NOT_COUNTED)
 
 
@@ -80,7 +77,7 @@ def _counts(t: optuna.trial.FrozenTrial) -> bool:
     status = t.user_attrs.get("status")
     if status is None and t.state is optuna.trial.TrialState.FAIL:
         return RECORD_ATTR in t.user_attrs
-    return t.state in _FINISHED and str(status or "") not in _COUNTED_OFF
+    return t.state in FINISHED and str(status or "") not in _COUNTED_OFF
 
 
 class _Study:
@@ -109,6 +106,8 @@ class _Study:
                 f"cannot open study {req.name} in {self.url} ({first}): "
                 "pass --storage with another path"
             ) from None
+        self.overlay = reread_overlay(self.study)
+        """Values `tune reread` filled into finished records (`stored_record`)."""
         runner = f"|{req.runner.name}"
         fingerprint = f"{space.fingerprint()}{runner}"
         old = self.study.user_attrs.get("space")
@@ -116,11 +115,12 @@ class _Study:
         predates = False
         if old is not None and old != fingerprint and old.endswith(runner):
             added = space.added_since(old.removesuffix(runner))
+            records = (
+                stored_record(t, self.overlay) for t in self.study.get_trials(deepcopy=False)
+            )
             predates = space.predates_workload(old.removesuffix(runner)) and ran_workload(
-                [t.user_attrs[RECORD_ATTR] for t in self.study.get_trials(deepcopy=False)
-                 if isinstance(t.user_attrs.get(RECORD_ATTR), dict)],
-                req.workload,
-            )  # fmt: skip
+                [d for d in records if d is not None], req.workload
+            )
             if added and not predates:
                 fingerprint = old
         if old is None or predates:
@@ -193,11 +193,27 @@ class _Study:
 
     def trials(self) -> list[optuna.trial.FrozenTrial]:
         """The study's trials; new finished records are parsed and learned from. A FAIL
-        trial with no record (nor a legacy row) was interrupted: its record is made here."""
+        trial with no record (nor a legacy row) was interrupted: its record is made here. A
+        `tune reread` since the last call (another process) re-parses the records it filled
+        (learned from as first read) and reformats their CSV lines."""
         ts = self.study.get_trials(deepcopy=False)
+        overlay = reread_overlay(self.study)
+        if overlay != self.overlay:
+            changed = {
+                n
+                for n in overlay.keys() | self.overlay.keys()
+                if overlay.get(n) != self.overlay.get(n)
+            }
+            self.overlay = overlay
+            self.lines = {k: v for k, v in self.lines.items() if str(k[0]) not in changed}
+            for t in ts:
+                if str(t.number) in changed and t.number in self.records:
+                    rec = record_of(t, overlay)
+                    if rec is not None:
+                        self.records[t.number] = rec
         for t in ts:
-            if t.state in _FINISHED and t.number not in self.records:
-                rec = record_of(t) or self.legacy.get(t.number)
+            if t.state in FINISHED and t.number not in self.records:
+                rec = record_of(t, self.overlay) or self.legacy.get(t.number)
                 if rec is None and t.state is optuna.trial.TrialState.FAIL:
                     rec = interrupted_record(self.req, self.label, self.space, t)
                 if rec is not None:
@@ -213,10 +229,10 @@ class _Study:
         ts = self.trials() if ts is None else ts
         recs: list[dict[str, Any]] = []
         for t in ts:
-            if t.state not in _FINISHED:
+            if t.state not in FINISHED:
                 continue
-            d = t.user_attrs.get(RECORD_ATTR)
-            if isinstance(d, dict):
+            d = stored_record(t, self.overlay)
+            if d is not None:
                 recs.append(d)
             elif t.number in self.legacy:
                 recs.append({**self.legacy[t.number].to_dict(), "storage": self.label})
@@ -237,7 +253,7 @@ class _Study:
     def repeat_of(self, params: dict[str, Any], number: int) -> TrialRecord | None:
         """The earliest finished trial with the same sampler params, if it measured anything."""
         key = tuple(sorted(params.items()))
-        for t in self.study.get_trials(deepcopy=False, states=_FINISHED):
+        for t in self.study.get_trials(deepcopy=False, states=FINISHED):
             if t.number == number or tuple(sorted(t.params.items())) != key:
                 continue
             rec = self.records.get(t.number)

@@ -10,8 +10,9 @@ import os
 import socket
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import optuna
 
@@ -22,6 +23,21 @@ JOURNAL_SUFFIXES = (".log", ".jsonl", ".journal")
 """A --storage path with one of these suffixes is an Optuna journal file (several workers)."""
 RECORD_ATTR = "record"
 """The trial user attr holding the TrialRecord (`to_dict()`, JSON)."""
+RECIPES_ATTR = "recipes"
+"""Study user attr: {trial number: recipe path} of the recipes written for the best rows."""
+REREAD_ATTR = "reread"
+"""Study user attr: the measured values `tune reread` read later from finished trials' own logs
+(Optuna keeps a finished trial's user attrs as they were): {trial number: [{"fields": {field:
+value}, "from": the log, relative to the results folder, "parser": what read it}, ...]}, one
+entry per reread that filled something. `stored_record` lays them over the trial's record."""
+REREAD_EXTRA = "reread"
+"""`extra` key of a record with values filled by `tune reread`: their fields, comma-separated."""
+FINISHED = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.PRUNED,
+    optuna.trial.TrialState.FAIL,
+)
+"""The states of a trial that ended (with a record, or interrupted)."""
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """This process, as the `worker` user attr of the trials it runs."""
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -189,6 +205,18 @@ def open_storage(url: str, on_stale: StaleCallback | None = None) -> optuna.stor
         ) from None
 
 
+def close_storage(storage: optuna.storages.BaseStorage) -> None:
+    """Close a storage's connections now, not when the process exits: an SQLite file in WAL
+    mode then folds its -wal file back and removes it (with the -shm file). For a command that
+    opened the storage for one job (`tune reread`)."""
+    remove = getattr(storage, "remove_session", None)  # RDBStorage's
+    if callable(remove):
+        remove()
+    engine = getattr(storage, "engine", None)  # RDBStorage's SQLAlchemy engine
+    if engine is not None:
+        engine.dispose()
+
+
 def _journal(path: Path) -> optuna.storages.BaseStorage:
     """A journal file storage whose append lock a killed worker cannot leave for long.
 
@@ -247,9 +275,50 @@ def study_lock(url: str, study: str) -> Iterator[bool]:
 # --------------------------------------------------------------------------------------------
 
 
-def record_of(t: optuna.trial.FrozenTrial) -> TrialRecord | None:
+def reread_overlay(study: optuna.Study) -> dict[str, Any]:
+    """The study's values filled by `tune reread` (`REREAD_ATTR`), by trial number (text)."""
+    got = study.user_attrs.get(REREAD_ATTR)
+    return got if isinstance(got, dict) else {}
+
+
+def stored_record(
+    t: optuna.trial.FrozenTrial, overlay: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The record dict the trial keeps (`RECORD_ATTR`, `TrialRecord.to_dict()`), with the values
+    `tune reread` read later from its own log (`overlay`: the study's `reread_overlay`) where
+    the record has none; a value the record holds is never replaced. Such a record names the
+    filled fields in its `extra` (`REREAD_EXTRA`) and loses its formatted CSV line, which
+    predates them. None when the trial keeps no record. Every reader of a stored record reads
+    it through here."""
     d = t.user_attrs.get(RECORD_ATTR)
     if not isinstance(d, dict):
+        return None
+    fills = (overlay or {}).get(str(t.number))
+    if not isinstance(fills, list):
+        return d
+    from tuner.study.view import LINE_KEY
+
+    out = {k: v for k, v in d.items() if k != LINE_KEY}
+    filled: list[str] = []
+    for fill in fills:
+        values = fill.get("fields") if isinstance(fill, dict) else None
+        for k, v in (values or {}).items():
+            if out.get(k) is None and v is not None:
+                out[k] = v
+                filled.append(k)
+    if not filled:
+        return d
+    extra = out.get("extra")
+    out["extra"] = {**(extra if isinstance(extra, dict) else {}), REREAD_EXTRA: ",".join(filled)}
+    return out
+
+
+def record_of(
+    t: optuna.trial.FrozenTrial, overlay: Mapping[str, Any] | None = None
+) -> TrialRecord | None:
+    """The trial's record (`stored_record`: with the values `tune reread` filled), or None."""
+    d = stored_record(t, overlay)
+    if d is None:
         return None
     try:
         return TrialRecord.from_dict(d)

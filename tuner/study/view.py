@@ -138,11 +138,15 @@ def write_leaderboard(
     records: Iterable[dict[str, Any]],
     recipes: dict[str, str] | None = None,
     cache: dict[tuple[int, str], str] | None = None,
+    *,
+    skip_unchanged: bool = False,
 ) -> int:
     """Rewrite the leaderboard from record dicts (`TrialRecord.to_dict()`), sorted by trial;
     `recipes` maps trial numbers (text) to recipe paths. `cache` keeps the formatted line of
     each (trial, recipe) between calls (a finished record never changes), so rebuilding after
-    each trial formats only the new ones. Returns the number of rows."""
+    each trial formats only the new ones. Returns the number of rows; with `skip_unchanged`, a
+    file that already holds that text is left as it is (not even its time touched) and 0 is
+    returned."""
     recipes = recipes or {}
     cache = {} if cache is None else cache
     lines: list[tuple[int, str]] = []
@@ -158,6 +162,16 @@ def write_leaderboard(
             line = cache[(n, recipe)] = record_line(d, recipe)
         lines.append((n, line))
     lines.sort(key=lambda x: x[0])
+    text = _HEADER + "".join(line for _, line in lines)
     with locked(path):
-        write_atomic(path, _HEADER + "".join(line for _, line in lines))
+        if skip_unchanged and _holds(path, text):
+            return 0
+        write_atomic(path, text)
     return len(lines)
+
+
+def _holds(path: Path, text: str) -> bool:
+    try:
+        return path.read_bytes() == text.encode()
+    except OSError:
+        return False
