@@ -194,6 +194,28 @@ def test_early_stop_is_told_the_throughput_with_generation(tmp_path: Path):
     assert asked and asked[0] == pytest.approx(800 / (2.0 + g_run) / 2)
 
 
+def test_a_stopped_trial_keeps_the_throughput_the_pruner_was_told(tmp_path: Path):
+    """A pruned-slow row of a whole-step study is a whole step's number, not the training
+    phases' alone (gen8k-h200-x1 trial 8 showed 13066, its training rate, where the pruner had
+    been told the step with its 134 s of generation)."""
+    asked: list[float] = []
+
+    def stop(step: int, tps: float) -> bool:
+        asked.append(tps)
+        return True
+
+    r = runner(tmp_path, slow=True)
+    t = dataclasses.replace(trial(tmp_path), should_stop=stop)
+    try:
+        row = r.run(t)
+    finally:
+        r.close()
+    assert row.status is Status.PRUNED_SLOW, row.reason
+    assert row.generation_s is not None and row.generation_s > 0
+    assert row.tokens_per_s_per_gpu == pytest.approx(asked[-1])
+    assert f"{asked[-1]:.0f} tokens/s/GPU" in row.reason
+
+
 def test_without_vllm_or_a_config_json_generation_stays_predicted(tmp_path: Path):
     r = MegatronRunner(model_config=str(CONFIG), env={"PYTHONPATH": str(ROOT)})
     on, line = r.generation.decide()

@@ -453,7 +453,8 @@ def to_trial_result(
     seen = watch.seen if watch is not None else []
     if r is None or r.status == "abandoned":
         if res.stopped or (r is not None and r.status == "abandoned"):
-            return _pruned(seen, spec, extra, common, r, scale)
+            extra_s = watch.extra_s if watch is not None else 0.0
+            return _pruned(seen, spec, extra, common, r, scale, extra_s)
         tail = res.tail()
         if res.timed_out:
             return TrialResult(
@@ -532,9 +533,12 @@ def _pruned(
     common: dict[str, Any],
     r: Any,
     scale: float,
+    extra_s: float = 0.0,
 ) -> TrialResult:
     """A trial stopped early: PRUNED_SLOW with the times of the steps it measured (old_log_prob
-    scaled to the step, as an ok row's)."""
+    scaled to the step, as an ok row's) and the throughput the pruner was told: over the step
+    plus `extra_s`, the generation measured before it (ProgressWatch.extra_s), so a whole-step
+    row's number is a whole step's."""
     world = spec.cluster.num_gpus
     if r is not None and r.peak_mem_allocated_gib is not None:
         common = {**common, **worker_measures(r)}
@@ -546,9 +550,9 @@ def _pruned(
     return TrialResult(
         status=Status.PRUNED_SLOW,
         reason=f"stopped after measured step {last.step}: "
-        f"{last.tokens_per_s_per_gpu(world):.0f} tokens/s/GPU",
+        f"{last.tokens_per_s_per_gpu(world, extra_s):.0f} tokens/s/GPU",
         old_log_prob_s=last.old_log_prob_s * scale,
-        tokens_per_s_per_gpu=last.tokens_per_s_per_gpu(world),
+        tokens_per_s_per_gpu=last.tokens_per_s_per_gpu(world, extra_s),
         extra=extra,
         **common,
     )
