@@ -182,6 +182,30 @@ def test_rank_sorts_numerically_with_missing_last(tmp_path: Path) -> None:
         rank(rows, sort_by="nope")
 
 
+def test_a_partial_measure_never_heads_the_ranking() -> None:
+    """A pruned-slow row's number is the step it was stopped at (results/gen8k-h200-x1 trial
+    8 holds its training rate, 13066, from before de79b11): ok rows come first."""
+    rows = [
+        {"trial": "8", "status": "pruned-slow", "tokens_per_s_per_gpu": "13066"},
+        {"trial": "6", "status": "ok", "tokens_per_s_per_gpu": "4262"},
+        {"trial": "9", "status": "ok", "tokens_per_s_per_gpu": ""},
+        {"trial": "1", "status": "ok", "tokens_per_s_per_gpu": "4252"},
+    ]
+    assert [r["trial"] for r in rank(rows)] == ["6", "1", "9", "8"]
+
+
+def test_show_ranks_the_committed_whole_step_study_ok_rows_first() -> None:
+    from tuner.leaderboard import load_leaderboard
+    from tuner.leaderboard.ranking import rank as rank_df
+
+    csv = Path(__file__).resolve().parents[1] / "results" / "gen8k-h200-x1.csv"
+    ranked = rank_df(load_leaderboard(csv))
+    statuses = ranked["status"].tolist()
+    last_ok = max(i for i, st in enumerate(statuses) if st == "ok")
+    assert statuses[0] == "ok" and statuses.index("pruned-slow") > last_ok
+    assert "_partial" not in ranked.columns
+
+
 def test_the_reference_leaderboards_are_in_the_repository(anchors: Path) -> None:
     """A clean clone runs the tests that read them: none is skipped for want of a folder
     outside the checkout (it looked for ../shared/anchors)."""

@@ -108,14 +108,21 @@ def rank(
     top: int | None = None,
 ) -> pd.DataFrame:
     """Rows sorted by `sort` (default: the fastest first), rows without the value last, ties
-    by trial; the first `top`."""
+    by trial; the first `top`. Rows that did not finish their measured steps (any status
+    but ok: a pruned-slow row's number is the step it was stopped at) follow the ok rows, so
+    a partial measure never heads the table."""
     col = column_name(sort, df, "--sort") if sort else default_sort(df)
     asc = ascending if ascending is not None else col not in HIGHER_IS_BETTER
     keys, order = [col], [asc]
     if col != "trial" and "trial" in df.columns:
         keys.append("trial")
         order.append(True)
+    if "status" in df.columns:
+        status = df["status"].fillna("").astype(str)
+        df = df.assign(_partial=~status.isin(("ok", "")))
+        keys, order = ["_partial", *keys], [True, *order]
     out = df.sort_values(keys, ascending=order, na_position="last", kind="stable")
+    out = out.drop(columns="_partial", errors="ignore")
     if top is not None:
         if top < 1:
             raise UserError(f"--top must be at least 1, got {top}")

@@ -29,7 +29,9 @@ def rank(
     descending: bool | None = None,
 ) -> list[dict[str, str]]:
     """Filter by status and sort (rows without the value last). By default the fastest first:
-    by throughput, or by step time where the rows have no throughput (some reference files)."""
+    by throughput, or by step time where the rows have no throughput (some reference files).
+    Rows of any status but ok (a pruned-slow row's number is the step it was stopped at)
+    follow the ok ones, as in tuner.leaderboard.rank."""
     if sort_by is None:
         has_tput = not rows or "tokens_per_s_per_gpu" in rows[0]
         sort_by = "tokens_per_s_per_gpu" if has_tput else "step_s"
@@ -45,6 +47,7 @@ def rank(
     else:
         out = sorted(present, key=lambda r: r[sort_by], reverse=desc)
     out += missing
+    out.sort(key=lambda r: r.get("status", "") not in ("ok", ""))  # stable: ok rows first
     return out[:top] if top else out
 
 
