@@ -204,25 +204,34 @@ def test_hand_rollout_is_the_least_parallelism_and_the_largest_utilization() -> 
         assert c.gpu_memory_utilization == max(GPU_MEMORY_UTILIZATIONS)
 
 
-def test_hand_utilization_is_the_largest_not_predicted_oom_in_generation(tmp_path: Path) -> None:
-    """Where the cost model says the largest utilization leaves the actor no room in
-    generation, the hand row takes the next one down, and says which it passed over."""
-    from tuner.space import GPU_MEMORY_UTILIZATIONS
-
-    cl = Cluster(gpu=get_gpu("h100"), num_gpus=8)
+def _hand_study(
+    tmp_path: Path, gpu: str, runner: object, trials: int
+) -> tuple[TuneRequest, list[dict[str, str]]]:
+    """Qwen2.5-7B on 8 GPUs with the hand grid and no warm start: the request and its hand
+    rows."""
     req = TuneRequest(
         model=REGISTRY["qwen2.5-7b"],
         model_arg="qwen2.5-7b",
-        cluster=cl,
+        cluster=Cluster(gpu=get_gpu(gpu), num_gpus=8),
         workload=PRESETS["dapo-math"],
-        runner=EstimateRunner(),
-        trials=8,
+        runner=runner,  # type: ignore[arg-type]
+        trials=trials,
         hand_grid=True,
         warm_start=False,
         results_dir=tmp_path / "results",
     )
     run_study(req)
     rows = [r for r in read_raw(req.csv_path) if r["origin"].startswith(HAND_GRID_ORIGIN)]
+    return req, rows
+
+
+def test_hand_utilization_is_the_largest_not_predicted_oom_in_generation(tmp_path: Path) -> None:
+    """Where the cost model says the largest utilization leaves the actor no room in
+    generation, the hand row takes the next one down, and says which it passed over."""
+    from tuner.space import GPU_MEMORY_UTILIZATIONS
+
+    req, rows = _hand_study(tmp_path, "h100", EstimateRunner(), 8)
+    cl = req.cluster
     lowered = [r for r in rows if float(r["gpu_memory_utilization"]) < max(GPU_MEMORY_UTILIZATIONS)]
     assert lowered, "the 7B on 8 H100 is predicted not to fit generation at 0.8"
     for r in lowered:
@@ -284,20 +293,7 @@ class _GenerationOOMAbove(EstimateRunner):
 def test_a_study_retries_the_hand_trial_lower_after_a_measured_generation_oom(
     tmp_path: Path,
 ) -> None:
-    cl = Cluster(gpu=get_gpu("h200"), num_gpus=8)
-    req = TuneRequest(
-        model=REGISTRY["qwen2.5-7b"],
-        model_arg="qwen2.5-7b",
-        cluster=cl,
-        workload=PRESETS["dapo-math"],
-        runner=_GenerationOOMAbove(),
-        trials=40,
-        hand_grid=True,
-        warm_start=False,
-        results_dir=tmp_path / "results",
-    )
-    run_study(req)
-    rows = [r for r in read_raw(req.csv_path) if r["origin"].startswith(HAND_GRID_ORIGIN)]
+    _, rows = _hand_study(tmp_path, "h200", _GenerationOOMAbove(), 40)
     first = [r for r in rows if "after OOM" not in r["origin"]]
     assert first and all(
         r["status"] == "oom" for r in first if float(r["gpu_memory_utilization"]) > 0.6

@@ -11,6 +11,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,12 +176,14 @@ def test_generation_lands_in_the_row_as_measured_and_in_the_objective(tmp_path: 
     assert row.extra["gen_max_concurrency"] == pytest.approx(6000 / math.ceil(40960 / 16), 0.01)
 
 
-def test_early_stop_is_told_the_throughput_with_generation(tmp_path: Path):
+def _run_asking(tmp_path: Path, answer: bool) -> tuple[Any, Any, list[float]]:
+    """A slow trial whose early-stop question is answered `answer`: (trial, row, what the
+    pruner was told at each step)."""
     asked: list[float] = []
 
     def stop(step: int, tps: float) -> bool:
         asked.append(tps)
-        return False
+        return answer
 
     r = runner(tmp_path, slow=True)
     t = dataclasses.replace(trial(tmp_path), should_stop=stop)
@@ -188,6 +191,11 @@ def test_early_stop_is_told_the_throughput_with_generation(tmp_path: Path):
         row = r.run(t)
     finally:
         r.close()
+    return t, row, asked
+
+
+def test_early_stop_is_told_the_throughput_with_generation(tmp_path: Path):
+    t, row, asked = _run_asking(tmp_path, False)
     assert row.status is Status.OK, row.reason
     lens = json.loads((t.trial_dir / "spec.json").read_text())["lengths"]
     g_run = row.generation_s * lens["mini_batches_run"] / lens["mini_batches_per_step"]
@@ -198,18 +206,7 @@ def test_a_stopped_trial_keeps_the_throughput_the_pruner_was_told(tmp_path: Path
     """A pruned-slow row of a whole-step study is a whole step's number, not the training
     phases' alone (gen8k-h200-x1 trial 8 showed 13066, its training rate, where the pruner had
     been told the step with its 134 s of generation)."""
-    asked: list[float] = []
-
-    def stop(step: int, tps: float) -> bool:
-        asked.append(tps)
-        return True
-
-    r = runner(tmp_path, slow=True)
-    t = dataclasses.replace(trial(tmp_path), should_stop=stop)
-    try:
-        row = r.run(t)
-    finally:
-        r.close()
+    _, row, asked = _run_asking(tmp_path, True)
     assert row.status is Status.PRUNED_SLOW, row.reason
     assert row.generation_s is not None and row.generation_s > 0
     assert row.tokens_per_s_per_gpu == pytest.approx(asked[-1])
