@@ -13,7 +13,7 @@
 #   smoke  the moe model and workload, 2 trials: checks the host before a long study
 #   gen8k  the whole step (issue 18): Qwen3-1.7B on 1 GPU, generation measured by vLLM
 #          (--measure-generation; needs the kit in $SITE, scripts/gpu_verl_host.sh install):
-#          prompts 1024, responses up to 8192 (mean 6000), 8 prompts x 4, mini batch 4
+#          prompts up to 1024 (mean 102), responses up to 8192 (mean 6000), 8 prompts x 4, mini batch 4
 # The study stops launching after SECONDS; the finished rows, the Optuna storage and the
 # trials' log tails are packed into OUT_DIR/<study>.tgz, the console into OUT_DIR/<study>.log.
 set -u
