@@ -96,10 +96,12 @@ class ResponseLengths:
         return q + (1.0 - q) * math.exp(-x / self.theta)
 
     def second_moment(self) -> float:
-        """E[length^2]."""
+        """E[length^2]. For X ~ Exp(θ) and x = cap/θ, E[min(X, cap)^2] is the integral below the
+        cap plus the mass beyond it, at the cap: 2θ²(1 - e^(-x)(1 + x + x²/2)) + cap²·e^(-x),
+        which is 2θ²(1 - e^(-x)(1 + x)) (θ²x² = cap²): that form holds the cap's mass already."""
         q, t, c = self.clip_fraction, self.theta, float(self.cap)
         x = c / t
-        capped = 2 * t * t * (1 - math.exp(-x) * (1 + x)) + c * c * math.exp(-x)
+        capped = 2 * t * t * (1 - math.exp(-x) * (1 + x))
         return q * c * c + (1 - q) * capped
 
     def mean_residual(self) -> float:
