@@ -19,7 +19,7 @@ the third, whose R is still scaled. Within each study the eager row is its study
 so in study order every row is predicted from the prior.
 
 gen8k-h200-x1 trial 8 was stopped as pruned-slow after its generation was measured (134.0 s);
-StudyLearner.observe learns from ok rows only, it is replayed here as a source all the same.
+StudyLearner.observe learns its generation (measured whole before the stop), as here.
 
     python scripts/eager_online_check.py > scripts/eager_online_check.out.txt
 """

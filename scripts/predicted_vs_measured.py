@@ -15,12 +15,12 @@ if they came next: what a second eager row gets (their at-proposal columns are t
 
 With --fit FIT... --check CHECK...: a workload not used to fit (issue 18: generation within
 15%). The scales are learned from all the fit files' rows (StudyLearner.observe, which learns
-times from measured ok rows, generation per launch mode); each measured ok row of a check file
-gets the cost model's prediction (raw_prediction: per GPU type already) times the fitted scale
-of its mode (scales_for), against what it measured, beside what its own study predicted at
-proposal. A row of a mode with no fit rows is marked (prior) and left out of the summary; rows
-of another status that timed a phase (pruned-slow: the generation measured before the pruner
-stopped it) are listed after, not counted.
+times from measured ok rows and a pruned-slow row's generation, per launch mode); each
+measured ok row of a check file gets the cost model's prediction (raw_prediction: per GPU type
+already) times the fitted scale of its mode (scales_for), against what it measured, beside what
+its own study predicted at proposal. A row of a mode with no fit rows is marked (prior) and left
+out of the summary; rows of another status that timed a phase (pruned-slow: the generation
+measured before the pruner stopped it) are listed after, not counted.
 
     python scripts/predicted_vs_measured.py results/verl4k-h100-x1.csv \
         results/gen-check-h100-x1.csv results/gen-check-local-h100-x1.csv \
@@ -319,8 +319,8 @@ def check(fit_paths: list[str], check_paths: list[str]) -> str:
         if other:
             lines.append(
                 "  not counted: rows of another status "
-                f"({', '.join(f'{r.trial} {r.status.value}' for r in other)}), which the study's "
-                "learner does not learn times from either (StudyLearner.observe: ok rows only)"
+                f"({', '.join(f'{r.trial} {r.status.value}' for r in other)}), of which the "
+                "study's learner takes only a pruned-slow row's generation (StudyLearner.observe)"
             )
     return "\n".join(line.rstrip() for line in lines)
 

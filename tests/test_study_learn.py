@@ -289,3 +289,36 @@ def test_eager_generation_is_learned_apart_on_the_real_study(tmp_path: Path) -> 
             assert prop.scaled.generation_s == pytest.approx(
                 prop.estimate.generation_s * prop.phase_scales["generation"]
             )
+
+
+def test_a_pruned_slow_rows_generation_teaches_its_mode_and_nothing_else() -> None:
+    """results/gen8k-h200-x1 trial 8 (enforce_eager) was stopped in its first training step
+    after a whole generation, measured: the eager scale learns that generation; the graph
+    scale and the training phases' scales do not move (its training was cut short)."""
+    path = VERL4K.parent / "gen8k-h200-x1.csv"
+    rows = sorted((TrialRecord.from_row(r) for r in read_raw(path)), key=lambda r: r.trial)
+    eight = next(r for r in rows if r.trial == 8)
+    assert eight.status is Status.PRUNED_SLOW and eager(eight) and eight.generation_s
+    learner = StudyLearner(capacity_gib=140.0)
+    for r in rows:
+        if r.trial < 8:
+            learner.observe(r)
+    before = learner.scales_for(enforce_eager=True)
+    assert before["generation"] == EAGER_PRIOR
+    learner.observe(eight)
+    after = learner.scales_for(enforce_eager=True)
+    raw = raw_prediction(eight, "generation")
+    assert raw and after["generation"] == pytest.approx(eight.generation_s / raw)
+    assert {k: v for k, v in after.items() if k != "generation"} == {
+        k: v for k, v in before.items() if k != "generation"
+    }
+    graph_before = StudyLearner(capacity_gib=140.0)
+    for r in rows:
+        if r.trial < 8:
+            graph_before.observe(r)
+    assert learner.scales_for(enforce_eager=False) == graph_before.scales_for(enforce_eager=False)
+    # a pruned-slow row stopped before any step measured no generation: nothing learned
+    bare = dataclasses.replace(eight, generation_s=None)
+    quiet = StudyLearner(capacity_gib=140.0)
+    quiet.observe(bare)
+    assert quiet.scales == {}

@@ -173,6 +173,13 @@ class StudyLearner:
             if rec.pred_tokens_per_s_per_gpu and rec.tokens_per_s_per_gpu:
                 self.pairs.append(("step", rec.tokens_per_s_per_gpu, rec.pred_tokens_per_s_per_gpu))
             self.scales = time_scales(self.pairs)
+        elif rec.status is Status.PRUNED_SLOW and "generation" in measured_phases(rec):
+            # stopped in its training steps, after a whole generation (the megatron runner
+            # measures it before them): its generation teaches its mode's scale, the cut-short
+            # training phases nothing (results/gen8k-h200-x1 trial 8, the study's eager row)
+            key = learned_key("generation", eager(rec))
+            self.pairs.append((key, raw_prediction(rec, "generation"), rec.generation_s))
+            self.scales = time_scales(self.pairs)
 
     @property
     def time_scale(self) -> float:
