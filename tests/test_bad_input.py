@@ -342,6 +342,8 @@ CASES: list[tuple[str, list[str], str, Setup]] = [
     ("calibrate-out-dir", ["calibrate", GOOD, "--out", "o"], "--out o is a folder", _dir("o")),
     ("calibrate-start-missing", ["calibrate", GOOD, "--start", "s.json"], "--start", _none),
     ("calibrate-gpu", ["calibrate", GOOD, "--gpu", "v100"], "unknown GPU kind 'v100'", _none),
+    ("calibrate-source", ["calibrate", GOOD, "--source", "estimate"], "invalid choice", _none),
+    ("calibrate-source-rows", ["calibrate", GOOD, "--source", "verl"], "no measured row", _none),
     ("models-extra", ["models", "--all"], "unrecognized arguments: --all", _none),
     # --- issue 19: config.json values (tracebacks and silent acceptance before)
     (

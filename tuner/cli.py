@@ -316,7 +316,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from tuner.fit.leaderboards import fit_leaderboards, format_fit, save_fit
 
     start = load_profile(args.start) if args.start else None
-    fit = fit_leaderboards(args.csv, gpu=args.gpu, start=start)
+    fit = fit_leaderboards(args.csv, gpu=args.gpu, start=start, source=args.source)
     print(format_fit(fit))
     if args.dry_run:
         return 0

@@ -26,6 +26,9 @@ from tuner.cli_args import (
 from tuner.headroom import PHASE_HEADROOM_GIB
 from tuner.megatron_layers import LAYER_SPEC_CHOICES
 
+CALIBRATE_SOURCES = ("megatron", "verl")
+"""`tune calibrate --source`: the runners that measure (their `name`, the rows' `source`)."""
+
 DESCRIPTION = """\
 Find the fastest verl Megatron configuration for a model, an RL workload and a GPU count.
 
@@ -462,6 +465,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="profile to start from (default: the built-in constants)",
     )
     cal.add_argument("--gpu", default=None, help="only rows of this GPU kind (e.g. h100)")
+    cal.add_argument(
+        "--source",
+        choices=CALIBRATE_SOURCES,
+        default=None,
+        help="only rows measured by this runner: verl's training phases include its controller "
+        "and data dispatch (up to 1.5 x the megatron runner's on the same candidates, "
+        "results/README.md), so a profile for verl's steps fits verl's rows (default: all)",
+    )
     cal.add_argument(
         "--dry-run", action="store_true", help="print the fit, do not write the profile"
     )

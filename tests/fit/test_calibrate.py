@@ -131,3 +131,26 @@ def test_an_old_megatron_rows_phases_both_mean_the_whole_step(tmp_path: Path) ->
     assert obs["update_actor"].measured_s == pytest.approx(float(row["update_actor_s"]))
     # compared with the cost model's whole-step phase
     assert predicted_phase(logp.case.predict(Profile()), "old_log_prob") > 0
+
+
+def test_calibrate_says_when_it_mixes_runners_and_fits_one_with_source(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """verl's training phases include its controller and dispatch (results/README.md: the fast
+    runner's old_log_prob is 0.68-0.91 of verl's on the same candidates): a fit over both says
+    so, and --source keeps one runner's rows."""
+    from tuner.cli_parser import CALIBRATE_SOURCES
+    from tuner.runners.megatron import MegatronRunner
+    from tuner.runners.verl import VerlRunner
+
+    assert set(CALIBRATE_SOURCES) == {MegatronRunner.name, VerlRunner.name}
+    results = Path(__file__).resolve().parents[2] / "results"
+    both = [str(results / "verl4k-h100-x1.csv"), str(results / "gen-check-h100-x1.csv")]
+    assert main(["calibrate", *both, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "sources megatron, verl" in out and "--source verl fits verl's steps" in out
+    assert main(["calibrate", *both, "--source", "verl", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "sources verl)" in out and "note:" not in out
+    assert main(["calibrate", *both, "--source", "megatron", "--dry-run"]) == 0
+    assert "sources megatron)" in capsys.readouterr().out

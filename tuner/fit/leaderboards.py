@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.errors import UserError
 from tuner.estimate.profile import DEFAULT_PROFILE_PATH, Profile, save_profile
 from tuner.fit.calibrate import CalibrationResult, calibrate, observations_from_rows
 from tuner.fit.notes import notes_for
@@ -30,19 +31,30 @@ class LeaderboardFit:
 
 
 def fit_leaderboards(
-    paths: Sequence[Path], *, gpu: str | None = None, start: Profile | None = None
+    paths: Sequence[Path],
+    *,
+    gpu: str | None = None,
+    start: Profile | None = None,
+    source: str | None = None,
 ) -> LeaderboardFit:
-    """Fit the profile's constants to the measured rows of `paths` (only GPU `gpu`, if given),
-    starting from `start` (default the built-in constants)."""
+    """Fit the profile's constants to the measured rows of `paths` (only GPU `gpu` and runner
+    `source`, if given), starting from `start` (default the built-in constants)."""
     rows: list[dict[str, str]] = []
     obs = []
     for path in paths:
         file_rows = read_rows(path)
         if gpu:
             file_rows = [r for r in file_rows if (r.get("gpu") or "").lower() == gpu.lower()]
+        if source:
+            file_rows = [r for r in file_rows if r.get("source") == source]
         rows += file_rows
         obs += observations_from_rows(
             file_rows, response_mean=reported_response_mean(file_rows), notes=notes_for(path)
+        )
+    if source and not obs:
+        raise UserError(
+            f"--source {source}: no measured row of that runner in {', '.join(map(str, paths))}: "
+            "give leaderboards it measured, or leave --source out"
         )
     res = calibrate(obs, start or Profile())
     return LeaderboardFit(
@@ -85,6 +97,12 @@ def format_fit(fit: LeaderboardFit) -> str:
     ):
         parts = ", ".join(f"{ph} {err.get(ph, float('nan')) * 100:.1f}%" for ph in phases)
         lines.append(f"  {label:6} median abs error: {parts}; rms log error {rms:.3f}")
+    if {"megatron", "verl"} <= set(fit.sources):
+        lines.append(
+            "  note: rows of both runners: verl's old_log_prob and update include its controller "
+            "and data dispatch (up to 1.5 x the megatron runner's on the same candidates); "
+            "--source verl fits verl's steps"
+        )
     for name, (old, new) in res.changes().items():
         lines.append(f"  {name:24} {old:.4g} -> {new:.4g}")
     if not res.changes():
