@@ -324,7 +324,7 @@ class VerlRunner(Runner):
         self, spec: TrialSpec, data: Dataset, res: LaunchResult, metrics_file: Path
     ) -> TrialResult:
         """The trial's row from what the launch left: metrics file, log, exit."""
-        log = _tail(res.log_path)
+        log = log_text_tail(res.log_path)
         head = _head(res.log_path)
         steps, source = _read_steps(metrics_file, res.log_path, log)
         got = measures(steps, self.steps)
@@ -475,7 +475,7 @@ def _read_steps(
     steps = read_jsonl(metrics_file)
     if steps:
         return steps, "file"
-    return read_console(_tail(log_path) if log is None else log), "console"
+    return read_console(log_text_tail(log_path) if log is None else log), "console"
 
 
 def _versions(log: str) -> str:
@@ -494,10 +494,17 @@ def _head(path: Path, n_bytes: int = 200_000) -> str:
         return ""
 
 
-def _tail(path: Path, n_bytes: int = LOG_TAIL_BYTES) -> str:
-    if path.suffix == ".gz":
-        return _gunzipped(path)[-n_bytes:].decode(errors="replace")
-    return log_tail(path, n_bytes)
+def log_text_tail(path: Path, n_bytes: int = LOG_TAIL_BYTES) -> str:
+    """The last `n_bytes` of a trial's log as text, where its console lines are: a log gzipped
+    after its trial (scripts/gpu_verl_study.sh `pack`) decompressed as a stream, only its end
+    kept; '' for no file. The runner's reading and `tune reread`'s."""
+    if path.suffix != ".gz":
+        return log_tail(path, n_bytes)
+    tail = bytearray()
+    with contextlib.suppress(FileNotFoundError, EOFError, gzip.BadGzipFile), gzip.open(path) as f:
+        while chunk := f.read(1 << 20):
+            tail = (tail + chunk)[-n_bytes:]
+    return bytes(tail).decode(errors="replace")
 
 
 def _gunzipped(path: Path) -> bytes:

@@ -17,7 +17,6 @@ storage, as the study loop rebuilds it.
 from __future__ import annotations
 
 import csv
-import gzip
 import hashlib
 import io
 import math
@@ -210,21 +209,11 @@ def _logs(folder: Path) -> list[Path]:
 def _steps(path: Path) -> dict[int, dict[str, float]]:
     """Step -> metrics of a metrics file or a log (its last `LOG_TAIL_BYTES`, as the runner
     reads a log's console lines)."""
-    from tuner.runners.process import log_tail
-    from tuner.runners.verl import LOG_TAIL_BYTES
+    from tuner.runners.verl import log_text_tail
 
     if path.suffix == ".jsonl":
         return verl_log.read_jsonl(path)
-    if path.suffix == ".gz":
-        tail = bytearray()
-        try:
-            with gzip.open(path) as f:
-                while chunk := f.read(1 << 20):
-                    tail = (tail + chunk)[-LOG_TAIL_BYTES:]
-        except (EOFError, gzip.BadGzipFile):
-            pass  # a file cut short: what could be read
-        return verl_log.read_console(bytes(tail).decode(errors="replace"))
-    return verl_log.read_console(log_tail(path, LOG_TAIL_BYTES))
+    return verl_log.read_console(log_text_tail(path))
 
 
 def _rows_without_record(csv_path: Path, name: str) -> dict[int, dict[str, Any]]:
