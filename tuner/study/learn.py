@@ -162,24 +162,24 @@ class StudyLearner:
                 self.guard.observe(
                     MemoryObservation(predicted_gib=pred_mem, measured_gib=seen, oom=False)
                 )
+        # each phase it timed against the cost model's time (not the scaled one the row shows),
+        # so a scale is the whole measured/predicted ratio, not what is left of it; eager
+        # generation apart (learned_key): pred_generation_scale is the regime's. A pruned-slow
+        # row was stopped in its training steps after a whole generation (the megatron runner
+        # measures it before them): its generation only (results/gen8k-h200-x1 trial 8)
         if rec.status is Status.OK:
-            # each phase it timed against the cost model's time (not the scaled one the row
-            # shows), so a scale is the whole measured/predicted ratio, not what is left of it
-            # eager generation apart (learned_key): pred_generation_scale is the regime's
-            for ph in measured_phases(rec):
-                key = learned_key(ph, eager(rec))
-                self.pairs.append((key, raw_prediction(rec, ph), getattr(rec, f"{ph}_s")))
-            # the runner's own measure: its throughput (a time ratio is the inverse)
-            if rec.pred_tokens_per_s_per_gpu and rec.tokens_per_s_per_gpu:
-                self.pairs.append(("step", rec.tokens_per_s_per_gpu, rec.pred_tokens_per_s_per_gpu))
-            self.scales = time_scales(self.pairs)
-        elif rec.status is Status.PRUNED_SLOW and "generation" in measured_phases(rec):
-            # stopped in its training steps, after a whole generation (the megatron runner
-            # measures it before them): its generation teaches its mode's scale, the cut-short
-            # training phases nothing (results/gen8k-h200-x1 trial 8, the study's eager row)
-            key = learned_key("generation", eager(rec))
-            self.pairs.append((key, raw_prediction(rec, "generation"), rec.generation_s))
-            self.scales = time_scales(self.pairs)
+            timed = measured_phases(rec)
+        elif rec.status is Status.PRUNED_SLOW:
+            timed = tuple(ph for ph in measured_phases(rec) if ph == "generation")
+        else:
+            return
+        for ph in timed:
+            key = learned_key(ph, eager(rec))
+            self.pairs.append((key, raw_prediction(rec, ph), getattr(rec, f"{ph}_s")))
+        # the runner's own measure: its throughput (a time ratio is the inverse)
+        if rec.status is Status.OK and rec.pred_tokens_per_s_per_gpu and rec.tokens_per_s_per_gpu:
+            self.pairs.append(("step", rec.tokens_per_s_per_gpu, rec.pred_tokens_per_s_per_gpu))
+        self.scales = time_scales(self.pairs)
 
     @property
     def time_scale(self) -> float:
