@@ -301,3 +301,24 @@ def test_a_study_retries_the_hand_trial_lower_after_a_measured_generation_oom(
     ok = [r for r in rows if r["status"] == "ok"]
     assert ok and all(r["gpu_memory_utilization"] == "0.6" for r in ok)
     assert all("after OOM in generation" in r["origin"] for r in ok)
+
+
+def test_the_hand_utilization_note_names_only_the_values_passed_over() -> None:
+    from tuner.space import GPU_MEMORY_UTILIZATIONS
+    from tuner.study.grid import largest_utilization
+
+    (c, _), *_ = hand_grid(_space("qwen2.5-7b", 8, EstimateRunner()))
+    oom = "gpu_memory_utilization(0.80) leaves no room for the actor"
+    top = max(GPU_MEMORY_UTILIZATIONS)
+    got, note = largest_utilization(c, lambda cu: oom if cu.gpu_memory_utilization == top else "")
+    assert got.gpu_memory_utilization < top and note.endswith(
+        f"({top:g} predicted OOM in generation)"
+    )
+    got, note = largest_utilization(c, lambda cu: "")
+    assert got.gpu_memory_utilization == top and note == ""
+    got, note = largest_utilization(c, lambda cu: oom)
+    low = min(GPU_MEMORY_UTILIZATIONS)
+    assert got.gpu_memory_utilization == low
+    assert (
+        note == f", gpu_memory_utilization {low:g} (every one offered predicted OOM in generation)"
+    )

@@ -143,13 +143,16 @@ def oom_in_generation(rec: TrialRecord) -> bool:
 def largest_utilization(c: Candidate, unfit: Callable[[Candidate], str]) -> tuple[Candidate, str]:
     """The hand rule's utilization for `c`: the largest offered that `unfit` (the study's
     prediction, '' where it fits) does not say runs out of memory in generation, with a note
-    of the ones passed over ('' when the largest is taken); the smallest where none fits."""
+    of the ones passed over ('' when the largest is taken); the smallest where none fits, and
+    the note says so (it is not one passed over)."""
     passed: list[str] = []
     for u in sorted(GPU_MEMORY_UTILIZATIONS, reverse=True):
         cu = dataclasses.replace(c, gpu_memory_utilization=u)
         if not generation_oom(unfit(cu)):
             break
         passed.append(f"{u:g}")
+    else:
+        return cu, f", gpu_memory_utilization {u:g} (every one offered predicted OOM in generation)"
     note = f", gpu_memory_utilization {u:g} ({'/'.join(passed)} predicted OOM in generation)"
     return cu, note if passed else ""
 
