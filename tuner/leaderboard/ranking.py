@@ -9,7 +9,7 @@ import pandas as pd
 
 from tuner.errors import UserError
 from tuner.leaderboard.columns import column_name
-from tuner.results import HIGHER_IS_BETTER
+from tuner.results import HIGHER_IS_BETTER, partial
 from tuner.results.scope import comparable
 
 _GPU_FILTER = re.compile(r"^([a-z0-9]+?)(?:x(\d+))?$")
@@ -108,9 +108,8 @@ def rank(
     top: int | None = None,
 ) -> pd.DataFrame:
     """Rows sorted by `sort` (default: the fastest first), rows without the value last, ties
-    by trial; the first `top`. Rows that did not finish their measured steps (any status
-    but ok: a pruned-slow row's number is the step it was stopped at) follow the ok rows, so
-    a partial measure never heads the table."""
+    by trial; the first `top`. Rows that did not finish their measured steps (`partial`: any
+    status but ok) follow the ok rows, so a partial measure never heads the table."""
     col = column_name(sort, df, "--sort") if sort else default_sort(df)
     asc = ascending if ascending is not None else col not in HIGHER_IS_BETTER
     keys, order = [col], [asc]
@@ -118,8 +117,7 @@ def rank(
         keys.append("trial")
         order.append(True)
     if "status" in df.columns:
-        status = df["status"].fillna("").astype(str)
-        df = df.assign(_partial=~status.isin(("ok", "")))
+        df = df.assign(_partial=df["status"].fillna("").astype(str).map(partial))
         keys, order = ["_partial", *keys], [True, *order]
     out = df.sort_values(keys, ascending=order, na_position="last", kind="stable")
     out = out.drop(columns="_partial", errors="ignore")

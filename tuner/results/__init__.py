@@ -40,6 +40,7 @@ from tuner.results.table import (
     SHOW_COLUMNS,
     format_table,
     number_text,
+    partial,
     rank,
     text_table,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "number",
     "number_text",
     "parse_extra",
+    "partial",
     "rank",
     "read_raw",
     "read_rows",

@@ -20,6 +20,13 @@ HIGHER_IS_BETTER = frozenset(
 """Columns ranked highest first by default (`rank` here and tuner.leaderboard.rank)."""
 
 
+def partial(status: str) -> bool:
+    """Whether a row ranks after the ok ones (`rank` here and tuner.leaderboard.rank): any
+    status but ok (rows without a status, some reference files, count as ok); a pruned-slow
+    row's number is the step it was stopped at."""
+    return status not in ("ok", "")
+
+
 def rank(
     rows: list[dict[str, str]],
     *,
@@ -30,8 +37,7 @@ def rank(
 ) -> list[dict[str, str]]:
     """Filter by status and sort (rows without the value last). By default the fastest first:
     by throughput, or by step time where the rows have no throughput (some reference files).
-    Rows of any status but ok (a pruned-slow row's number is the step it was stopped at)
-    follow the ok ones, as in tuner.leaderboard.rank."""
+    Rows of any status but ok (`partial`) follow the ok ones, as in tuner.leaderboard.rank."""
     if sort_by is None:
         has_tput = not rows or "tokens_per_s_per_gpu" in rows[0]
         sort_by = "tokens_per_s_per_gpu" if has_tput else "step_s"
@@ -47,7 +53,7 @@ def rank(
     else:
         out = sorted(present, key=lambda r: r[sort_by], reverse=desc)
     out += missing
-    out.sort(key=lambda r: r.get("status", "") not in ("ok", ""))  # stable: ok rows first
+    out.sort(key=lambda r: partial(r.get("status", "")))  # stable: ok rows first
     return out[:top] if top else out
 
 
