@@ -251,29 +251,30 @@ def test_a_hand_trial_that_ran_out_of_memory_in_generation_is_retried_one_step_l
     p = {"gpu_memory_utilization": 0.7, "recompute": "none"}
     origin = f"{HAND_GRID_ORIGIN}: tp1 recompute none budget 1x"
 
-    def rec(status: Status, reason: str) -> TrialRecord:
-        return TrialRecord(study="s", trial=0, status=status, reason=reason)
+    def rec(status: Status, reason: str, from_: str = origin) -> TrialRecord:
+        return TrialRecord(study="s", trial=0, status=status, reason=reason, origin=from_)
 
-    gen_oom = rec(Status.OOM, "generation: CUDA out of memory. Tried to allocate 2.0 GiB")
-    got = hand_retry_params(p, origin, gen_oom)
+    why = "generation: CUDA out of memory. Tried to allocate 2.0 GiB"
+    gen_oom = rec(Status.OOM, why)
+    got = hand_retry_params(p, gen_oom)
     assert got is not None
     params, new_origin = got
     assert params == {"gpu_memory_utilization": 0.6, "recompute": "none"}
     assert new_origin.startswith(origin) and "0.6 after OOM in generation at 0.7" in new_origin
     # a second retry keeps the first label, not a chain of notes
-    again = hand_retry_params(params, new_origin, gen_oom)
+    again = hand_retry_params(params, rec(Status.OOM, why, new_origin))
     assert again is not None and again[1].count("after OOM") == 1
     verl_oom = rec(Status.OOM, "CUDA OOM in gen: Tried to allocate 1.2 GiB")
-    assert hand_retry_params(p, origin, verl_oom) is not None
+    assert hand_retry_params(p, verl_oom) is not None
     # not: another phase, a sync peak, a KV cache too small, a searched trial, the lowest one
-    assert hand_retry_params(p, origin, rec(Status.OOM, "update_actor: CUDA out of memory")) is None
+    assert hand_retry_params(p, rec(Status.OOM, "update_actor: CUDA out of memory")) is None
     sync = rec(Status.PRUNED_OOM, "predicted verl's weight sync holds 70 GiB whatever ...")
-    assert hand_retry_params(p, origin, sync) is None
+    assert hand_retry_params(p, sync) is None
     kv = rec(Status.PRUNED_OOM, "KV cache holds no full sequence")
-    assert hand_retry_params(p, origin, kv) is None
-    assert hand_retry_params(p, "estimator", gen_oom) is None
-    assert hand_retry_params({**p, "gpu_memory_utilization": 0.4}, origin, gen_oom) is None
-    assert hand_retry_params(p, origin, rec(Status.OK, "")) is None
+    assert hand_retry_params(p, kv) is None
+    assert hand_retry_params(p, rec(Status.OOM, why, "estimator")) is None
+    assert hand_retry_params({**p, "gpu_memory_utilization": 0.4}, gen_oom) is None
+    assert hand_retry_params(p, rec(Status.OK, "")) is None
 
 
 class _GenerationOOMAbove(EstimateRunner):

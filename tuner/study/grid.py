@@ -158,11 +158,12 @@ def largest_utilization(c: Candidate, unfit: Callable[[Candidate], str]) -> tupl
 
 
 def hand_retry_params(
-    params: dict[str, Any], origin: str, rec: TrialRecord
+    params: dict[str, Any], rec: TrialRecord
 ) -> tuple[dict[str, Any], str] | None:
-    """The hand trial once more with the next lower gpu_memory_utilization, where it ran out
-    of memory in generation (HAND_ROLLOUT_RULE), as (sampler params, origin); None for other
-    trials, other ends, or the lowest utilization."""
+    """The hand trial (`rec`, its row, of sampler `params`) once more with the next lower
+    gpu_memory_utilization, where it ran out of memory in generation (HAND_ROLLOUT_RULE), as
+    (sampler params, origin); None for other trials, other ends, or the lowest utilization."""
+    origin = rec.origin
     u = params.get(UTILIZATION_PARAM)
     if not origin.startswith(HAND_GRID_ORIGIN) or u is None or not oom_in_generation(rec):
         return None

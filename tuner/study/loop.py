@@ -344,7 +344,7 @@ def _loop(
             state = optuna.trial.TrialState.FAIL
         s.study.tell(trial, value, state=state)
         beat.stop()
-        retry = hand_retry_params(dict(trial.params), rec.origin, rec)
+        retry = hand_retry_params(dict(trial.params), rec)
         if retry is not None:  # the hand rule: a lower utilization after an OOM in generation
             with s.lock():
                 s.study.enqueue_trial(
