@@ -16,6 +16,10 @@
 #          prompts up to 1024 (mean 102), responses up to 8192 (mean 6000), 8 prompts x 4, mini batch 4
 # The study stops launching after SECONDS; the finished rows, the Optuna storage and the
 # trials' log tails are packed into OUT_DIR/<study>.tgz, the console into OUT_DIR/<study>.log.
+# TRIAL_TIMEOUT (default 900 s, tune's --trial-timeout) bounds one launch: a trial launched just
+# before SECONDS still ends with its row (ok, or `timeout`) before the script's own deadline,
+# SECONDS + TRIAL_TIMEOUT + 120. (It was SECONDS + 200, which killed a gen8k enforce_eager trial,
+# about 6 minutes long, mid-step: no row.) Size SECONDS to the host's time left accordingly.
 set -u
 # shellcheck source=scripts/gpu_pack.sh
 source "$(dirname "$0")/gpu_pack.sh"
@@ -48,9 +52,10 @@ mkdir -p "$out/r/results"
 [ -n "${RESUME_FROM:-}" ] && cp -r "$RESUME_FROM"/. "$out/r/results/"
 grid=(--hand-grid)
 [ "$case_" = smoke ] && grid=(--no-warm-start)
-timeout $((budget + 200)) python3 -m tuner --model "$model" --gpus "$gpus" --gpus-per-node "$gpus" \
+trial_timeout=${TRIAL_TIMEOUT:-900}
+timeout $((budget + trial_timeout + 120)) python3 -m tuner --model "$model" --gpus "$gpus" --gpus-per-node "$gpus" \
   --gpu "$kind" --runner megatron "${common[@]}" "${wl[@]}" "${grid[@]}" --trials "$trials" \
-  --timeout "$budget" --study "$study" --results-dir "$out/r/results" --recipes-dir "$out/r/recipes" \
+  --timeout "$budget" --trial-timeout "$trial_timeout" --study "$study" --results-dir "$out/r/results" --recipes-dir "$out/r/recipes" \
   --no-progress 2>&1 | tee "$out/$study.log"
 rc=${PIPESTATUS[0]}
 echo "gpu_study: $study exit $rc"
