@@ -3,10 +3,11 @@ than by the multiplicative eager scale it learns now (tuner.study.learn EAGER_GE
 A replay over the eager rows measured so far (issue 18 item 4: within 10% at proposal).
 
 With `enforce_eager` every decode step is host-bound (tuner.estimate.generation
-_decode_step_s: max(GPU, eager_ops x eager_op_host_s), the GPU's share hidden), so the cost
-model's generation time is linear in Profile.eager_op_host_s: R + K x op_s, K the launch-bound
-decode steps times eager_ops (read from the model at two per-op times and checked at a third:
-LINEAR_RANGE), R the rest (the fixed host work of each step, collectives, prefill). A measured
+_decode_step_s: the host's chain, eager_ops x eager_op_host_s plus the engine's work, outlasts
+the GPU's share, which it hides), so the cost model's generation time is linear in
+Profile.eager_op_host_s: R + K x op_s, K the launch-bound decode steps times eager_ops (read
+from the model at two per-op times and checked at a third: LINEAR_RANGE), R the rest (the
+engine's host work of each step, prefill). A measured
 row gives op_s = (measured - R) / K. Each eager row is predicted, with the current cost model
 for every row, by three learners from the other rows (each alone, then both; two or more: the
 median in log space, as tuner.fit.online.time_scales):

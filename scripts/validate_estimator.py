@@ -65,7 +65,10 @@ def _matching_mean(o: Outcome, profile: Profile | None) -> int:
     for _ in range(10):
         mid = (lo + hi) // 2
         w = c.workload.with_overrides(response_mean=mid)
-        if estimate(c.candidate, c.model, c.cluster, w, profile).generation_s < want:
+        e = estimate(
+            c.candidate, c.model, c.cluster, w, profile, async_scheduling=c.async_scheduling
+        )
+        if e.generation_s < want:
             lo = mid
         else:
             hi = mid

@@ -10,7 +10,14 @@ import pytest
 
 from tuner.estimate import Profile, estimate
 from tuner.estimate.context import get_context
-from tuner.estimate.generation import EAGER, _decode_step_s, eager_ops
+from tuner.estimate.generation import (
+    EAGER,
+    FULL_GRAPH,
+    VLLM_ASYNC_SCHEDULING,
+    _decode_step_s,
+    eager_ops,
+)
+from tuner.fit.validate import load_cases
 from tuner.hardware import GPUS, Cluster
 from tuner.models import get_model
 from tuner.space import Candidate, ParallelLayout
@@ -99,3 +106,63 @@ def test_graph_runs_never_read_the_eager_cost() -> None:
         for x in (5e-6, 2e-4)
     )
     assert a < b
+
+
+NO_ENGINE = Profile(decode_step_overhead_s=0.0, decode_seq_overhead_s=0.0)
+"""The default profile without the engine's host work: a step is then its GPU's (or launches')."""
+
+
+def _step(p: Profile, mode: int, batch: int, context: int, async_scheduling: bool) -> float:
+    ctx = get_context(QWEN3_1_7B, H100, EXACT_4K, p)
+    rows = batch if mode == FULL_GRAPH else 0
+    return _decode_step_s(ctx, 1, 1, 1, batch, context, mode, rows, async_scheduling)
+
+
+def test_async_scheduling_overlaps_the_engines_host_work_with_the_gpu() -> None:
+    """vLLM 0.24.0 schedules step k+1 before it waits for step k (EngineCore
+    step_with_batch_queue), so a graph step whose engine work (3 ms + 25 us per sequence)
+    outlasts its GPU work costs the engine's, and one whose GPU work is longer costs the GPU's:
+    the longer of the two, where synchronous scheduling (the reference rows' vLLM) adds them.
+    32 sequences at their prompt's 256 tokens are host-bound, 128 at 4352 GPU-bound (KV reads)."""
+    assert VLLM_ASYNC_SCHEDULING
+    p = Profile()
+    for batch, context, host_bound in ((32, 256, True), (128, 256 + 4096, False)):
+        gpu = _step(NO_ENGINE, FULL_GRAPH, batch, context, True)
+        assert gpu == _step(NO_ENGINE, FULL_GRAPH, batch, context, False)  # one GPU, TP 1
+        engine = p.decode_step_overhead_s + batch * p.decode_seq_overhead_s
+        assert (engine > 1.5 * gpu) if host_bound else (gpu > 1.5 * engine)
+        on, off = (_step(p, FULL_GRAPH, batch, context, a) for a in (True, False))
+        assert on == pytest.approx(max(gpu, engine), rel=1e-12)
+        assert off == pytest.approx(gpu + engine, rel=1e-12)
+
+
+def test_an_eager_step_bound_by_its_launches_gains_nothing_from_async_scheduling() -> None:
+    """With enforce_eager the launches and the engine's work are one host chain (the uni
+    executor runs execute_model on the engine core's thread): 32 sequences cost eager_ops
+    launches plus the engine's work whether vLLM schedules asynchronously or not."""
+    p = Profile()
+    ctx = get_context(QWEN3_1_7B, H100, EXACT_4K, p)
+    host = eager_ops(ctx) * p.eager_op_host_s + p.decode_step_overhead_s + 32 * 25e-6
+    for a in (True, False):
+        assert _step(p, EAGER, 32, 256 + 2048, a) == pytest.approx(host, rel=1e-12)
+
+
+def test_the_reference_rows_schedule_synchronously_and_ours_asynchronously() -> None:
+    """The published rows' vLLM predates async scheduling by default; this project's rows ran
+    vLLM 0.24.0. Each case predicts with its own flag, and the generation cache keeps the two
+    apart (verl4k-h100-x1 trial 1, graphs: 33.9 s without overlap, 20.0 s with)."""
+    ref = load_cases(sorted((REPO / "tests" / "data" / "anchors").glob("*.csv")))
+    assert ref and not any(c.async_scheduling for c in ref)
+    (own,) = [
+        c for c in load_cases([REPO / "results" / "verl4k-h100-x1.csv"]) if c.label.endswith(":1")
+    ]
+    assert own.async_scheduling
+    args = (own.candidate, own.model, own.cluster, own.workload)
+    on, off = (estimate(*args, async_scheduling=a).generation_s for a in (True, False))
+    assert own.predict().generation_s == on
+    assert on == pytest.approx(20.0, abs=0.1) and off == pytest.approx(33.9, abs=0.1)
+    assert estimate(*args).generation_s == on  # after False: not served the cached False
+    r = ref[0]
+    ref_off = r.predict().generation_s
+    ref_on = estimate(r.candidate, r.model, r.cluster, r.workload, async_scheduling=True)
+    assert ref_on.generation_s < ref_off

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from tuner.estimate.context import get_context
 from tuner.estimate.device import DEVICE_OF, phases_unfit
+from tuner.estimate.generation import VLLM_ASYNC_SCHEDULING
 from tuner.estimate.logits import DEFAULT_VERL
 from tuner.estimate.memory import MemoryBreakdown, memory_of
 from tuner.estimate.profile import Profile, load_profile, save_profile
@@ -91,15 +92,18 @@ def estimate(
     headroom_gib: float | None = None,
     verl_logits: str = DEFAULT_VERL,
     rollout_in_actor: bool = False,
+    async_scheduling: bool = VLLM_ASYNC_SCHEDULING,
 ) -> Estimate:
     """Predicted phase times, throughput, MFU and per-phase peak memory of candidate `c`; it fits
     when each phase's device total plus `headroom_gib` (default: the phase's own,
     device.phase_headroom_gib) is at most the GPU's memory and vLLM has room for one sequence.
     `verl_logits`: the verl release whose full-logits passes are counted (estimate/logits.py;
     the installed one's by default); `rollout_in_actor`: vLLM ran inside the actor's process, as
-    in verl <= 0.5 (memory.memory_of)."""
+    in verl <= 0.5 (memory.memory_of); `async_scheduling`: vLLM overlaps each decode step's host
+    work with the GPU, as the installed vLLM 0.24.0 does by default and the vLLM of the reference
+    leaderboards did not (generation.VLLM_ASYNC_SCHEDULING)."""
     ctx = get_context(m, cl, w, profile or _DEFAULT_PROFILE)
-    t = phase_times_of(ctx, c, verl_logits)
+    t = phase_times_of(ctx, c, verl_logits, async_scheduling)
     mem = memory_of(ctx, c, t.n_micro_update, verl_logits, rollout_in_actor=rollout_in_actor)
     step = t.step_s
     gpus = cl.num_gpus

@@ -2,9 +2,10 @@
 group.
 
 A decode step streams the engine's weights and KV cache or computes, whichever is longer, then
-its collectives and host work; how it is launched (with `enforce_eager` every op from Python, a
-full CUDA graph, piecewise graphs, compiled code no graph covers) follows vLLM 0.24.0's
-configuration and capture sizes. The phase integrates the steps over the response-length
+its collectives; its host work overlaps them under vLLM's async scheduling and follows them
+without it (VLLM_ASYNC_SCHEDULING); how it is launched (with `enforce_eager` every op from
+Python, a full CUDA graph, piecewise graphs, compiled code no graph covers) follows vLLM
+0.24.0's configuration and capture sizes. The phase integrates the steps over the response-length
 distribution (tuner.lengths): a busy phase at the engine's concurrency, then the long tail.
 """
 
@@ -97,6 +98,33 @@ def padded_batch(batch: float, sizes: tuple[int, ...]) -> int:
     return sizes[i] if i < len(sizes) else 0
 
 
+VLLM_ASYNC_SCHEDULING = True
+"""Whether vLLM schedules asynchronously, overlapping a decode step's host work with the GPU's
+previous step: vLLM 0.24.0's default in both engines this project runs, so the default of
+`estimate(async_scheduling=...)`. SchedulerConfig.async_scheduling defaults to None
+(vllm/config/scheduler.py) and VllmConfig.__post_init__ (vllm/config/vllm.py) turns None into
+True unless the model pools, a speculative decoder other than EAGLE/MTP/n-gram runs, or the
+executor lacks `supports_async_scheduling`. Both executors have it: UniProcExecutor
+(v1/executor/uniproc_executor.py; the fast runner's `vllm.LLM` at TP 1, which names no
+distributed_executor_backend, so ParallelConfig picks "uni", vllm/config/parallel.py) and
+MultiprocExecutor (v1/executor/multiproc_executor.py; "mp", the fast runner's above TP 1 and
+verl 0.9.1's: verl/workers/rollout/vllm_rollout/vllm_async_server.py `launch_server`). Neither
+runner sets async_scheduling (tuner.runners.vllm_gen.spec EngineCfg.llm_kwargs; verl's
+launch_server args). With it VllmConfig.max_concurrent_batches is 2 and EngineCore steps with
+step_with_batch_queue (vllm/v1/engine/core.py): it schedules step k+1 and calls execute_model
+and sample_tokens without blocking before it waits for step k's output, then updates the
+scheduler from step k while the GPU runs step k+1. The model runner feeds the sampled tokens to
+the next step on the GPU and copies them to the host on a side stream (the V2 runner, the
+default for Qwen3ForCausalLM and LlamaForCausalLM, vllm/config/vllm.py
+DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: v1/worker/gpu/model_runner.py sample_tokens,
+v1/worker/gpu/async_utils.py AsyncOutput; the V1 runner: v1/worker/gpu_model_runner.py
+AsyncGPUModelRunnerOutput, _prepare_input_ids from prev_sampled_token_ids), so no per-step host
+synchronisation sits between two steps' kernels. Without it (EngineCore.step) the engine waits
+for each step's output before it schedules the next. vLLM added async scheduling as the opt-in
+`--async-scheduling` in June 2025 (vllm-project/vllm#19970) and made it the default with #27614
+(opened 2025-10-27); the reference leaderboards ran before that (tuner.fit.validate
+REFERENCE_VLLM_ASYNC_SCHEDULING: their rows pass False)."""
+
 EAGER, FULL_GRAPH, PIECEWISE_GRAPH, COMPILED = 0, 1, 2, 3
 """How a vLLM decode step is launched: with `enforce_eager=True` every op of the uncompiled
 model from Python (EAGER_OPS_DENSE_LAYER); else one full CUDA graph, piecewise graphs with
@@ -124,11 +152,12 @@ def _decode_step_s(
     context_len: float,
     mode: int = EAGER,
     rows: float = 0.0,
+    async_scheduling: bool = VLLM_ASYNC_SCHEDULING,
 ) -> float:
     """One vLLM decode step of `batch` sequences (per engine) whose mean context is
     `context_len`: the GPU streams weights and KV cache or computes, whichever is longer, then
     the TP all-reduces (over the network when TP spans nodes) and, for a MoE with rollout DP,
-    the expert collectives, then the engine's host work. At low batch the weight read
+    the expert collectives; beside them the host's work (below). At low batch the weight read
     dominates: the long tail's steps cost nearly a full one.
 
     `mode` says how the step is launched. Eager (`enforce_eager`): the host calls every op of
@@ -137,7 +166,22 @@ def _decode_step_s(
     launches the compiled model's kernels (DECODE_KERNELS_DENSE_LAYER, each decode_launch_s). A
     CUDA graph replays the captured forward in one launch, at `rows` (the batch padded to the
     capture size): the padding rows cost GEMM FLOPs and collective bytes; attention reads only
-    the real sequences' KV cache. Piecewise graphs leave attention to eager launches."""
+    the real sequences' KV cache. Piecewise graphs leave attention to eager launches.
+
+    The host's share of a step is the launches and the engine's work (decode_step_overhead_s,
+    decode_seq_overhead_s); the GPU's is the kernels and collectives. With `async_scheduling`
+    (VLLM_ASYNC_SCHEDULING) they overlap across steps and a step takes the longer of the two;
+    without it the engine's work waits for the step's output and adds to it. The launches and
+    the engine's work stay one host chain either way: with UniProcExecutor execute_model, where
+    the model runner prepares the inputs and launches the ops, runs on the engine core's thread
+    between the scheduler calls (uniproc_executor.py collective_rpc calls the worker directly),
+    so an eager step bound by its launches gains nothing from async scheduling. With
+    MultiprocExecutor the worker process launches (multiproc_executor.py WorkerProc
+    worker_busy_loop) while the engine core process schedules and updates from the output, so
+    there the engine core's part of the engine's work hides under the launches too. The engine
+    term is one number, not split by process, and the model keeps it whole on the launching
+    chain: for a launch-bound step under MultiprocExecutor (verl's, the fast runner's above TP 1)
+    an upper bound, by at most the engine core's part."""
     p = ctx.profile
     rows = max(rows, batch)
     # an untied input embedding is looked up row by row, never streamed (only the output
@@ -160,6 +204,7 @@ def _decode_step_s(
     gemm = max((dense_w + expert_w) / ctx.hbm, linear / rtp / rate)
     attn_flops = 4 * batch * ctx.layers * ctx.q_dim * context_len
     attn = max(batch * context_len * kv_token / ctx.hbm, attn_flops / rtp / rate)
+    launch = 0.0
     if mode == FULL_GRAPH:
         gpu = gemm + attn + p.decode_graph_replay_s
     else:
@@ -174,7 +219,7 @@ def _decode_step_s(
         else:
             kernels = DECODE_KERNELS_DENSE_LAYER + (DECODE_KERNELS_MOE_EXTRA if ctx.is_moe else 0)
             launch = ctx.layers * kernels * p.decode_launch_s
-        gpu = max(gemm + attn, launch)
+        gpu = gemm + attn
     comm = 0.0
     lat = p.collective_latency_s
     if rtp > 1:
@@ -190,8 +235,11 @@ def _decode_step_s(
         else:  # experts tensor-parallel over tp*dp: gather the dp ranks' tokens, reduce back
             vol = 2 * rows * rdp * ctx.hidden * BF16 * (group - 1) / group
         comm += ctx.layers * (2 * lat_g + vol / bw)
-    host = p.decode_step_overhead_s + batch * p.decode_seq_overhead_s
-    return gpu + comm + host
+    # the GPU runs each launched kernel as it comes, so it cannot run ahead of the launches
+    engine = p.decode_step_overhead_s + batch * p.decode_seq_overhead_s
+    if async_scheduling:
+        return max(gpu + comm, launch + engine)
+    return max(gpu, launch) + comm + engine
 
 
 DRAIN_SEGMENTS = 48
@@ -222,6 +270,7 @@ def generation(
     mns: int,
     kv_bytes: float,
     eager: bool = False,
+    async_scheduling: bool = VLLM_ASYNC_SCHEDULING,
 ) -> Generation:
     """Seconds the slowest engine needs for its share of the batch, from the response-length
     model (tuner.lengths) and the scheduler's concurrency.
@@ -239,8 +288,10 @@ def generation(
     the next capture size; in the busy phase the steps that admit a new sequence also prefill its
     prompt, and such a mixed batch runs on piecewise graphs, or the compiled model without a graph
     when its tokens exceed the largest capture size. With `eager` every step runs the uncompiled
-    model op by op. Prefill itself is compute-bound and costed by its FLOPs either way."""
-    key = (rtp, rdp, rep, util, mnbt, mns, eager)
+    model op by op. Prefill itself is compute-bound and costed by its FLOPs either way.
+    `async_scheduling`: whether the engine overlaps each step's host work with the GPU
+    (VLLM_ASYNC_SCHEDULING, _decode_step_s)."""
+    key = (rtp, rdp, rep, util, mnbt, mns, eager, async_scheduling)
     hit = ctx.generation_cache.get(key)
     if hit is not None:
         return hit  # type: ignore[return-value]
@@ -268,10 +319,12 @@ def generation(
         padded size exceeds max_num_seqs: vLLM captures full decode graphs only up to it), the
         compiled model beyond the largest capture size, eager with enforce_eager."""
         if not sizes:
-            return _decode_step_s(ctx, rtp, rdp, rep, batch, context_len, EAGER)
+            return _decode_step_s(
+                ctx, rtp, rdp, rep, batch, context_len, EAGER, async_scheduling=async_scheduling
+            )
         rows = padded_batch(batch, sizes)
         mode = COMPILED if not rows else (FULL_GRAPH if rows <= mns else PIECEWISE_GRAPH)
-        return _decode_step_s(ctx, rtp, rdp, rep, batch, context_len, mode, rows)
+        return _decode_step_s(ctx, rtp, rdp, rep, batch, context_len, mode, rows, async_scheduling)
 
     seconds = 0.0
     if share > conc:
@@ -287,7 +340,9 @@ def generation(
             mixed = 1.0 - math.exp(-ended)
             tokens = conc + prompt * ended / mixed
             mode = PIECEWISE_GRAPH if padded_batch(tokens, sizes) else COMPILED
-            mixed_step = _decode_step_s(ctx, rtp, rdp, rep, conc, prompt + res_mean, mode)
+            mixed_step = _decode_step_s(
+                ctx, rtp, rdp, rep, conc, prompt + res_mean, mode, async_scheduling=async_scheduling
+            )
             step = (1.0 - mixed) * step + mixed * mixed_step
         seconds += steps * step
         surv: Any = lengths.residual_survival

@@ -72,10 +72,15 @@ class Profile:
     a graph of several hundred kernels), nearly constant whatever the batch and the kernel
     count; the kernels inside run back to back on the GPU."""
     decode_step_overhead_s: float = 3e-3
-    """Fixed host time per vLLM decode step: scheduler, input preparation, sampler."""
+    """Fixed host time per vLLM decode step: scheduler, input preparation, sampler. Under vLLM
+    0.24.0's async scheduling it runs while the GPU runs the step before, so a step costs it only
+    where the host's chain (it, decode_seq_overhead_s and the step's launches) outlasts the GPU's
+    work; without async scheduling (the reference rows' vLLM) it adds to every step
+    (estimate.generation VLLM_ASYNC_SCHEDULING, _decode_step_s)."""
     decode_seq_overhead_s: float = 25e-6
     """Host time per running sequence per decode step in vLLM's scheduler and output processing
-    (tens of microseconds per sequence in the V0 engine). It does not shrink with rollout TP."""
+    (tens of microseconds per sequence in the V0 engine), overlapped or added as
+    decode_step_overhead_s. It does not shrink with rollout TP."""
     controller_gb_s: float = 1.0
     """Rate at which verl's single controller ships a phase's padded batch to the workers and
     collects the results (pickling, Ray object store, unpickling), GB/s."""

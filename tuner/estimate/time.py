@@ -21,7 +21,7 @@ from tuner.estimate.context import (
     bandwidth_between,
     get_context,
 )
-from tuner.estimate.generation import generation
+from tuner.estimate.generation import VLLM_ASYNC_SCHEDULING, generation
 from tuner.estimate.logits import DEFAULT_VERL, LOGIT_TRAFFIC_BYTES
 from tuner.estimate.memory import (
     local_norms,
@@ -340,9 +340,15 @@ def bottleneck_of(generation_s: float, log_prob_s: float, update_s: float, criti
     return "log_prob" if log_prob_s >= critic_s else "critic"
 
 
-def phase_times_of(ctx: Context, c: Candidate, verl_logits: str = DEFAULT_VERL) -> PhaseTimes:
+def phase_times_of(
+    ctx: Context,
+    c: Candidate,
+    verl_logits: str = DEFAULT_VERL,
+    async_scheduling: bool = VLLM_ASYNC_SCHEDULING,
+) -> PhaseTimes:
     """Seconds of each phase for candidate `c` (the per-candidate hot path); `verl_logits`: the
-    verl release whose full-logits passes are counted (estimate/logits.py)."""
+    verl release whose full-logits passes are counted (estimate/logits.py); `async_scheduling`:
+    vLLM overlaps each decode step's host work with the GPU (generation.VLLM_ASYNC_SCHEDULING)."""
     logit_bytes = LOGIT_TRAFFIC_BYTES[verl_logits]
     lay = c.layout
     p = ctx.profile
@@ -483,6 +489,7 @@ def phase_times_of(ctx: Context, c: Candidate, verl_logits: str = DEFAULT_VERL) 
         c.max_num_seqs,
         kv_cache_bytes(ctx, c),
         c.enforce_eager,
+        async_scheduling,
     ).seconds
     gen += ctx.batch_bytes_generation * ship
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tuner.errors import UserError
 from tuner.estimate import Estimate, Profile, estimate
+from tuner.estimate.generation import VLLM_ASYNC_SCHEDULING
 from tuner.estimate.logits import DEFAULT_VERL
 from tuner.fit.notes import FileNotes, notes_for
 from tuner.hardware import Cluster, get_gpu
@@ -52,6 +53,15 @@ sets `enforce_eager=True` itself, and the one GRPO row whose `Other` says "Cuda 
 graphs (CUDA_GRAPH_MARK). Rows that switch dynamic batching off without giving a micro-batch
 size use the GRPO recipe's sizes (GRPO_RECIPE). What single rows or files leave out is in the
 notes beside them (tests/data/anchors/fit.toml)."""
+REFERENCE_VLLM_ASYNC_SCHEDULING = False
+"""The reference rows' vLLM scheduled synchronously: each decode step's host work followed the
+step's GPU work (estimate/generation.py VLLM_ASYNC_SCHEDULING). The rows record no vLLM version;
+they record their runs' dates (run names dated 2025-06-26 to 07-07, rows added to the files up
+to 2025-07-30, the GRPO file in September: tests/data/anchors/fit.toml) and ran verl <= 0.5's
+sync-mode rollout (`rollout_in_actor`). vLLM had async scheduling then only as the opt-in
+`--async-scheduling` (vllm-project/vllm#19970, June 2025; the default from #27614, opened
+2025-10-27), and no reference recipe script asks for it (ISEEKYAN/verl_megatron_practice: no
+`async_scheduling` in any script of any commit)."""
 CUDA_GRAPH_MARK = "cuda graph"
 """`Other` of a reference row that ran vLLM with CUDA graphs (grpo_qwen2.5_7b row 8)."""
 ROPE_FUSION_MARKS = ("apply_rope_fusion", "all optimization")
@@ -103,6 +113,10 @@ class Case:
     `memory_of`): the reference rows, verl <= 0.5's sync-mode rollout (the GRPO script sets
     rollout_mode="sync", the DAPO scripts keep that release's default, ppo_megatron_trainer.yaml
     `rollout.mode: sync`)."""
+    async_scheduling: bool = VLLM_ASYNC_SCHEDULING
+    """vLLM overlapped each decode step's host work with the GPU (estimate/generation.py
+    VLLM_ASYNC_SCHEDULING): the default of the installed vLLM 0.24.0, which this project's own
+    rows ran; False for the reference rows (REFERENCE_VLLM_ASYNC_SCHEDULING)."""
 
     def predict(self, profile: Profile | None = None) -> Estimate:
         """The cost model's numbers for this row, as it ran."""
@@ -114,6 +128,7 @@ class Case:
             profile,
             verl_logits=self.verl_logits,
             rollout_in_actor=self.rollout_in_actor,
+            async_scheduling=self.async_scheduling,
         )
 
 
@@ -287,6 +302,7 @@ def _reference_case(
         measured=measured,
         verl_logits=FULL_LOGITS_VERL if full_logits else DEFAULT_VERL,
         rollout_in_actor=True,
+        async_scheduling=REFERENCE_VLLM_ASYNC_SCHEDULING,
     )
     bound = mfu_response_bound(row, case)
     if not response_mean and status == "ok":
