@@ -14,12 +14,15 @@ tuner.runners.vllm_gen.main sets it):
     source /tmp/gpu-site/env.sh; export VLLM_USE_FLASHINFER_SAMPLER=0
     python scripts/gpu_decode_step_probe.py measure OUT.jsonl
 
-Measured on one H100 (results/decode-step-h100-x1.jsonl, the output below): async scheduling
-takes 1.4-2.8 ms off every step (batch 1: 3.89 -> 2.54 ms; 64: 7.70 -> 4.90 ms), so the engine's
-host work does overlap the GPU's; the model of each setting is within -6% to +20% of it.
+Measured on one H100 and one H200 host (results/decode-step-h{100,200}-x1.jsonl; the output in
+.out.txt): async scheduling takes 1.4-2.8 ms (H100) and 0.8-1.3 ms (H200) off every step (batch
+1: 3.89 -> 2.54 ms and 2.83 -> 2.06 ms), so the engine's host work does overlap the GPU's. At
+batch 1, where the GPU needs ~1.3 / ~0.9 ms for the weights, the host's step is ~2.5 ms (H100
+host) and ~2.0 ms (H200 host), under Profile.decode_step_overhead_s (3 ms): the model of each
+setting is -6% to +20% off on the H100, +17% to +47% over on the H200 at these short contexts.
 Here (no GPU), the measured lines beside the cost model's step, both settings:
     python scripts/gpu_decode_step_probe.py compare results/decode-step-h100-x1.jsonl \
-        > scripts/gpu_decode_step_probe.out.txt
+        results/decode-step-h200-x1.jsonl > scripts/gpu_decode_step_probe.out.txt
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -92,7 +94,12 @@ def measure(out: Path) -> None:
             torch.cuda.empty_cache()
 
 
-def compare(path: Path) -> None:
+def compare(paths: list[Path]) -> None:
+    for path in paths:
+        _compare(path)
+
+
+def _compare(path: Path) -> None:
     from tuner.estimate import Profile
     from tuner.estimate.context import get_context
     from tuner.estimate.generation import FULL_GRAPH, _decode_step_s
@@ -127,14 +134,14 @@ def compare(path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("mode", choices=("measure", "compare"))
-    ap.add_argument("file", type=Path)
+    ap.add_argument("files", type=Path, nargs="+", help="measure: one output; compare: inputs")
     a = ap.parse_args()
     if a.mode == "measure":
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-        measure(a.file)
+        measure(a.files[0])
     else:
-        compare(a.file)
+        compare(a.files)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
