@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import tuner.cli_args
+from tests.conftest import ANCHORS
 from tuner.cli import build_parser, main
 
 R = ["--model", "qwen2.5-7b", "--gpus", "8", "--trials", "2", "--no-progress"]
@@ -929,7 +930,7 @@ def test_every_input_path_is_a_bounded_regular_file(
     name = "in.json"
     kind_name, make, fragment = kind
     model = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--model"]
-    if model == ["{}"] and kind_name in ("loop", "folder"):
+    if model == ["{}"] and kind_name == "folder":
         fragment = "no config.json at"  # --model takes a folder holding one, or a file
     args = [a.replace("{}", name) for a in argv]
     _assert_refused(args, fragment, make(name, size), leaderboards, workdir, monkeypatch, capsys)
@@ -1245,3 +1246,439 @@ def test_stdout_closed_is_one_line(workdir: Path) -> None:
     assert out.stderr.strip().splitlines() == [
         "tune: error: stdout is closed: run tune with its output open, e.g. > tune.out"
     ]
+
+
+# --------------------------------------------------------------------------------------------
+# The CLI audit: classes of bad input that ran, wrote files or named the wrong fix before
+# (a --storage of no known scheme, readers creating a storage, leaderboards cut short mid-row,
+# --candidates-from read unchecked, files a study writes blocked below the checked folders,
+# config.json and calibration-profile values read silently)
+# --------------------------------------------------------------------------------------------
+
+STUDY = "qwen2.5-7b-h100x8-estimate"
+"""The default study name of R (the search a case would run)."""
+
+
+def _unreadable(name: str, text: str = "{}") -> Setup:
+    """A file of mode 000. Root reads anything, so for root the check's view (os.access) is
+    made to say what it says to everyone else."""
+
+    def setup(d: Path, mp: pytest.MonkeyPatch) -> None:
+        if not (d / name).exists():
+            (d / name).write_text(text)
+        (d / name).chmod(0)
+        if os.geteuid() == 0:
+            real = os.access
+            target = (d / name).absolute()
+
+            def access(path: object, mode: int, **kw: object) -> bool:
+                if mode & os.R_OK and Path(str(path)).absolute() == target:
+                    return False
+                return real(path, mode, **kw)  # type: ignore[arg-type]
+
+            mp.setattr(os, "access", access)
+
+    return setup
+
+
+def _closed_folder(name: str) -> Setup:
+    """A folder of mode 000 holding a config.json: this user may not look inside. Root may, so
+    for root a stat inside it through a relative path (as tune's lookups are here) raises the
+    PermissionError everyone else gets."""
+
+    def setup(d: Path, mp: pytest.MonkeyPatch) -> None:
+        import errno
+
+        folder = d / name
+        folder.mkdir()
+        (folder / "config.json").write_text(_config())
+        folder.chmod(0)
+        if os.geteuid() == 0:
+            real = os.stat
+
+            def stat(path: object, *a: object, **kw: object) -> os.stat_result:
+                p = Path(os.fsdecode(path)) if isinstance(path, str | bytes | Path) else None
+                if p is not None and not p.is_absolute() and folder in (d / p).parents:
+                    raise PermissionError(errno.EACCES, "Permission denied", str(path))
+                return real(path, *a, **kw)  # type: ignore[arg-type]
+
+            mp.setattr(os, "stat", stat)
+
+    return setup
+
+
+def _damaged(name: str, how: str) -> Setup:
+    """A copy of the good leaderboard damaged as a copy or an editor damages one: `cut` (the
+    file ends in the middle of its last row), `short` (a row lost cells), `long` (a row gained
+    cells), `latin1` (a byte that is not UTF-8), `huge-cell` (one cell of 200,000 characters)."""
+
+    def setup(d: Path, _mp: pytest.MonkeyPatch) -> None:
+        data = (d / GOOD).read_bytes()
+        lines = data.split(b"\n")
+        if how == "cut":
+            last = data.rstrip(b"\r\n").rsplit(b"\n", 1)[1]
+            data = data.rstrip(b"\r\n")[: -len(last) // 2]
+        elif how == "short":
+            lines[2] = b",".join(lines[2].split(b",")[:5]) + b"\r"
+            data = b"\n".join(lines)
+        elif how == "long":
+            lines[2] = lines[2].rstrip(b"\r") + b",x,y\r"
+            data = b"\n".join(lines)
+        elif how == "latin1":
+            lines[2] = lines[2].replace(b",ok,", b",\xf6k,", 1)
+            data = b"\n".join(lines)
+        elif how == "huge-cell":
+            data = data.replace(b",ok,", b",ok" + b"x" * 200_000 + b",", 1)
+        (d / name).write_bytes(data)
+
+    return setup
+
+
+def _reference(name: str) -> Setup:
+    """A published reference leaderboard (tests/data/anchors/dapo7b.csv)."""
+
+    def setup(d: Path, _mp: pytest.MonkeyPatch) -> None:
+        shutil.copy(ANCHORS / "dapo7b.csv", d / name)
+
+    return setup
+
+
+def _profile(**constants: object) -> Setup:
+    return _file("p.json", json.dumps({"schema": 2, "constants": constants}))
+
+
+# (id, argv, fragment of the one stderr line, setup)
+AUDIT_CASES: list[tuple[str, list[str], str, Setup]] = [
+    # --storage forms: tried as a SQLAlchemy plugin ('move the file aside'), or taken as a file
+    # name (sqlite:x.db), or an in-memory database that kept nothing (sqlite://)
+    ("storage-ftp", [*R, "--storage", "ftp://h/x.db"], "unknown scheme 'ftp'", _none),
+    ("storage-redis", [*R, "--storage", "redis://h:6379"], "unknown scheme 'redis'", _none),
+    ("storage-typo", [*R, "--storage", "sqllite:///x.db"], "unknown scheme 'sqllite'", _none),
+    ("storage-postgres", [*R, "--storage", "postgres://u@h/db"], "name is postgresql", _none),
+    ("storage-no-slashes", [*R, "--storage", "sqlite:x.db"], "write sqlite:///x.db", _none),
+    ("storage-host", [*R, "--storage", "sqlite://x.db"], "write sqlite:///x.db (three", _none),
+    ("storage-memory", [*R, "--storage", "sqlite://"], "in-memory database", _none),
+    ("storage-memory-path", [*R, "--storage", "sqlite:///:memory:"], "in-memory", _none),
+    # a command that reads a storage (report, reread) created one, or Optuna's tables in one
+    (
+        "report-storage-missing",
+        ["report", GOOD, "--storage", "no.db", "-o", "r.html"],
+        "--storage no.db: no such file",
+        _none,
+    ),
+    (
+        "report-storage-url-missing",
+        ["report", GOOD, "--storage", "sqlite:///no.db", "-o", "r.html"],
+        "--storage no.db: no such file",
+        _none,
+    ),
+    (
+        "report-storage-empty",
+        ["report", GOOD, "--storage", "e.db", "-o", "r.html"],
+        "--storage e.db is empty, not an Optuna storage",
+        _file("e.db", ""),
+    ),
+    (
+        "report-storage-text",
+        ["report", GOOD, "--storage", "n.db", "-o", "r.html"],
+        "--storage n.db is not an SQLite database",
+        _file("n.db", "my notes\n"),
+    ),
+    (
+        "report-storage-foreign",
+        ["report", GOOD, "--storage", "f.db", "-o", "r.html"],
+        "another application's SQLite database",
+        _foreign_sqlite("f.db"),
+    ),
+    (
+        "report-storage-folder",
+        ["report", GOOD, "--storage", "f", "-o", "r.html"],
+        "--storage f is a folder",
+        _dir("f"),
+    ),
+    (
+        "report-storage-ftp",
+        ["report", GOOD, "--storage", "ftp://h/x", "-o", "r.html"],
+        "unknown scheme 'ftp'",
+        _none,
+    ),
+    (
+        "reread-storage-empty",
+        ["reread", "--study", "s", "--results-dir", "st", "--storage", "e.db"],
+        "--storage e.db is empty",
+        _all(_dir("st"), _file("e.db", "")),
+    ),
+    (
+        "reread-storage-url-missing",
+        ["reread", "--study", "s", "--results-dir", "st", "--storage", "sqlite:///no.db"],
+        "--storage no.db: no such file",
+        _dir("st"),
+    ),
+    (
+        "reread-default-storage-empty",
+        ["reread", "--study", "s", "--results-dir", "st"],
+        "storage of the study st/s.sqlite3 is empty",
+        _file("st/s.sqlite3", ""),
+    ),
+    # only a leaderboard tune wrote will do ('no column step_s'; 'no ok row')
+    (
+        "export-reference",
+        ["export", "ref.csv"],
+        "ref.csv is a published reference CSV: `tune export` takes",
+        _reference("ref.csv"),
+    ),
+    (
+        "candidates-reference",
+        [*R, "--candidates-from", "ref.csv"],
+        "--candidates-from ref.csv is a published reference CSV",
+        _reference("ref.csv"),
+    ),
+    # --candidates-from was read unchecked: 'run `tune --model ...` first' for a missing file,
+    # 'make it writable' for an unreadable one, another model's rows taken
+    (
+        "candidates-missing",
+        [*R, "--candidates-from", "no.csv"],
+        "--candidates-from: no file",
+        _none,
+    ),
+    (
+        "candidates-folder",
+        [*R, "--candidates-from", "d"],
+        "--candidates-from d is a folder",
+        _dir("d"),
+    ),
+    ("candidates-junk", [*R, "--candidates-from", JUNK], "neither a verl-tuner", _none),
+    ("candidates-nul", [*R, "--candidates-from", NUL], "holds a NUL byte", _none),
+    (
+        "candidates-unreadable",
+        [*R, "--candidates-from", "c.csv"],
+        "--candidates-from c.csv cannot be read: check its permissions",
+        _all(_cell("c.csv", "reason", ""), _unreadable("c.csv")),
+    ),
+    (
+        "candidates-other-model",
+        [*R, "--candidates-from", "o.csv"],
+        "ran model 'llama3.1-70b', not qwen2.5-7b",
+        _cell("o.csv", "model", "llama3.1-70b"),
+    ),
+    # a file in the way below the checked folders stopped the study after its trials ran
+    (
+        "recipe-folder-is-file",
+        R,
+        "recipe folder of model qwen2.5-7b: recipes/qwen2.5-7b is a file",
+        _file("recipes/qwen2.5-7b"),
+    ),
+    (
+        "csv-lock-is-folder",
+        R,
+        f"lock file of study {STUDY}: results/{STUDY}.csv.lock is a folder",
+        _dir(f"results/{STUDY}.csv.lock"),
+    ),
+    (
+        "storage-lock-is-folder",
+        [*R, "--storage", "s.db"],
+        "s.db.lock is a folder",
+        _dir("s.db.lock"),
+    ),
+    (
+        "study-lock-is-folder",
+        [*R, "--storage", "s.db", "--study", "st"],
+        "lock file of study st: s.db.st.lock is a folder",
+        _dir("s.db.st.lock"),
+    ),
+    (
+        "journal-lock-is-folder",
+        [*R, "--storage", "j.log"],
+        "j.log.lock is a folder",
+        _dir("j.log.lock"),
+    ),
+    # config.json values read without a word: a head width floored, a model_type of 5
+    (
+        "config-head-width",
+        EC,
+        "hidden_size 250 is not a multiple of num_attention_heads 8",
+        _config_json(_config(hidden_size=250)),
+    ),
+    ("config-model-type", EC, "model_type is 5, not text", _config_json(_config(model_type=5))),
+    (
+        "config-name-list",
+        EC,
+        "_name_or_path is [1], not text",
+        _config_json(_config(_name_or_path=[1])),
+    ),
+    # a folder tune may not look into: 'Permission denied: make it writable'
+    (
+        "model-folder-closed",
+        [*EC[:2], "m", *EC[3:]],
+        "model config m/config.json cannot be read: check its permissions",
+        _closed_folder("m"),
+    ),
+    (
+        "model-file-in-closed-folder",
+        [*EC[:2], "m/config.json", *EC[3:]],
+        "model config m/config.json cannot be read",
+        _closed_folder("m"),
+    ),
+    # calibration profiles: values outside what calibrate fits, text, true, misspelt names
+    # dropped, 'unreadable (schema None != 2)', "unreadable ('constants')"
+    (
+        "profile-below",
+        [*E, "--layout", "tp2", "--profile", "p.json"],
+        "gemm_efficiency 0.2 is outside 0.3..1",
+        _profile(gemm_efficiency=0.2),
+    ),
+    (
+        "profile-above",
+        [*R, "--profile", "p.json"],
+        "hbm_efficiency 1.5 is outside 0.3..1",
+        _profile(hbm_efficiency=1.5),
+    ),
+    (
+        "profile-huge",
+        [*R, "--profile", "p.json"],
+        "layer_host_s 1e+300 is outside",
+        _profile(layer_host_s=1e300),
+    ),
+    (
+        "profile-text",
+        [*R, "--profile", "p.json"],
+        'gemm_efficiency is "0.5", not a number',
+        _profile(gemm_efficiency="0.5"),
+    ),
+    (
+        "profile-true",
+        [*R, "--profile", "p.json"],
+        "gemm_efficiency is true, not a number",
+        _profile(gemm_efficiency=True),
+    ),
+    (
+        "profile-misspelt",
+        [*R, "--profile", "p.json"],
+        "unknown constant 'gemm_efficency'",
+        _profile(gemm_efficency=0.5),
+    ),
+    (
+        "profile-negative",
+        [*R, "--profile", "p.json"],
+        "collective_latency_s must be >= 0",
+        _profile(collective_latency_s=-1),
+    ),
+    (
+        "profile-no-schema",
+        [*R, "--profile", "p.json"],
+        "has schema null, not 2",
+        _file("p.json", '{"gemm_efficiency": 0.5}'),
+    ),
+    (
+        "profile-no-constants",
+        [*R, "--profile", "p.json"],
+        'has no "constants" object',
+        _file("p.json", '{"schema": 2}'),
+    ),
+    (
+        "profile-list",
+        ["calibrate", GOOD, "--start", "p.json", "--dry-run"],
+        "holds no JSON object",
+        _file("p.json", "[]"),
+    ),
+    (
+        "profile-unreadable",
+        [*R, "--profile", "p.json"],
+        "--profile p.json cannot be read: check its permissions",
+        _unreadable("p.json"),
+    ),
+]
+
+
+def test_the_audit_has_its_cases() -> None:
+    assert len(AUDIT_CASES) >= 45
+    assert len({c[0] for c in AUDIT_CASES} | {c[0] for c in CASES}) == len(AUDIT_CASES) + len(CASES)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment", "setup"), [c[1:] for c in AUDIT_CASES], ids=[c[0] for c in AUDIT_CASES]
+)
+def test_audit_case(
+    argv: list[str],
+    fragment: str,
+    setup: Setup,
+    leaderboards: Path,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _assert_refused(argv, fragment, setup, leaderboards, workdir, monkeypatch, capsys)
+
+
+LEADERBOARD_INPUTS: list[tuple[str, list[str]]] = [
+    ("show", ["show", "{}"]),
+    ("export", ["export", "{}"]),
+    ("plot", ["plot", "{}"]),
+    ("report", ["report", "{}"]),
+    ("calibrate", ["calibrate", "{}", "--dry-run"]),
+    ("report --reference", ["report", GOOD, "--reference", "{}", "-o", "r.html"]),
+    ("run --candidates-from", [*R, "--candidates-from", "{}"]),
+]
+"""Every argument that names a leaderboard a command reads."""
+DAMAGE: list[tuple[str, str]] = [
+    ("cut", "the file ends in the middle of it (cut short?)"),
+    ("short", "line 3 has 5 fields, the header {n}: the row is damaged"),
+    ("long", "line 3 has {m} fields, the header {n}: the row is damaged"),
+    ("latin1", "line 3 is not UTF-8 text (byte 0xf6): save the file as UTF-8"),
+    ("huge-cell", "line 2: field larger than field limit"),
+]
+"""How a copy or an editor damages a leaderboard (`_damaged`), and what the refusal says."""
+
+
+@pytest.mark.parametrize(
+    ("argv", "how", "fragment"),
+    [(a, h, f) for _, a in LEADERBOARD_INPUTS for h, f in DAMAGE],
+    ids=[f"{w}-{h}" for w, _ in LEADERBOARD_INPUTS for h, _ in DAMAGE],
+)
+def test_every_damaged_leaderboard_is_refused(
+    argv: list[str],
+    how: str,
+    fragment: str,
+    leaderboards: Path,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A leaderboard cut short in the middle of its last row (a copy interrupted), a row that
+    lost or gained cells, and a file that is not UTF-8 were read by csv.DictReader as rows of
+    empty measures (show, plot, report and --candidates-from went on; export wrote a recipe):
+    every argument that names a leaderboard refuses it, naming the line."""
+    with open(leaderboards / GOOD, newline="") as f:
+        n = len(next(csv.reader(f)))
+    args = [a.replace("{}", "bad.csv") for a in argv]
+    expected = fragment.format(n=n, m=n + 2)
+    setup = _damaged("bad.csv", how)
+    line = _assert_refused(args, expected, setup, leaderboards, workdir, monkeypatch, capsys)
+    assert line.startswith("tune: error: bad.csv line "), line
+
+
+def test_what_the_new_checks_let_through(
+    leaderboards: Path, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The checks above refuse only what they name: a config.json whose head width is given
+    (head_dim, as Qwen3's), a profile `tune calibrate` wrote and one of an earlier version
+    (constants since retired), a storage URL with a driver, a leaderboard without its last
+    newline, and --candidates-from of the same model."""
+    from tuner.cli_args import check_storage_url
+    from tuner.estimate import Profile, save_profile
+
+    (workdir / "config.json").write_text(_config(hidden_size=250, head_dim=32))
+    assert main(EC) == 0
+    save_profile(Profile(), workdir / "p.json")
+    assert main([*E, "--layout", "tp2", "--profile", "p.json"]) == 0
+    old = {"schema": 2, "constants": {"context_gib": 3.0, "fragmentation": 0.1}}  # retired
+    (workdir / "old.json").write_text(json.dumps(old))
+    assert main([*E, "--layout", "tp2", "--profile", "old.json"]) == 0
+    assert check_storage_url("postgresql+psycopg2://u@h/db") is None
+    assert check_storage_url("sqlite:////abs/x.db") == Path("/abs/x.db")
+    assert check_storage_url("x.log") == Path("x.log")
+    (workdir / "nl.csv").write_bytes((leaderboards / GOOD).read_bytes().rstrip(b"\r\n"))
+    assert main(["show", "nl.csv"]) == 0
+    shutil.copy(leaderboards / GOOD, workdir / GOOD)
+    argv = [*R, "--candidates-from", GOOD, "--runner", "estimate", "--no-warm-start"]
+    assert main(argv) == 0, capsys.readouterr().err

@@ -97,6 +97,8 @@ def check_input_file(path: Path | str, what: str, max_bytes: int) -> int:
         st = path.stat()
     except FileNotFoundError:
         raise UserError(f"{what}: no file at {path}: check the path") from None
+    except PermissionError:  # a folder on the way this user may not enter
+        raise UserError(f"{what} {path} cannot be read: check its permissions") from None
     except OSError as e:  # a symbolic link loop, a name too long, a file in the way
         why = "a symbolic link loop" if e.errno == errno.ELOOP else (e.strerror or str(e))
         raise UserError(f"{what} {path}: {why}: pass another path") from None
@@ -120,6 +122,8 @@ def read_input(path: Path | str, what: str, max_bytes: int) -> bytes:
     try:
         with open(path, "rb") as f:
             data = f.read(max_bytes + 1)
+    except PermissionError:
+        raise UserError(f"{what} {path} cannot be read: check its permissions") from None
     except OSError as e:
         raise UserError(f"{what} {path}: {e.strerror or e}: check the path") from None
     if len(data) > max_bytes:

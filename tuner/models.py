@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -376,6 +377,9 @@ CONFIG_COUNTS: dict[str, int] = {
 null) must be a JSON whole number in least..MAX_COUNT: not 27.9, not true, not "28"."""
 CONFIG_FLAGS = ("attention_bias", "tie_word_embeddings", "qk_layernorm", "use_qk_norm", "qk_norm")
 """config.json switches the reader uses: JSON true or false where present."""
+CONFIG_TEXTS = ("model_type", "_name_or_path")
+"""config.json strings the reader uses: JSON text where present (a `model_type` of 5 matched
+no known type and was read as a model without its QKV bias or q/k norm)."""
 
 
 def check_config_values(cfg: dict[str, object], path: Path) -> None:
@@ -398,6 +402,17 @@ def check_config_values(cfg: dict[str, object], path: Path) -> None:
             raise UserError(
                 f"{path}: {key} is {json.dumps(v)[:40]}, not true or false: fix the config.json"
             )
+    for key in CONFIG_TEXTS:
+        v = cfg.get(key)
+        if v is not None and not isinstance(v, str):
+            raise UserError(f"{path}: {key} is {json.dumps(v)[:40]}, not text: fix the config.json")
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    no_head_dim = cfg.get("head_dim") is None
+    if no_head_dim and isinstance(heads, int) and isinstance(hidden, int) and hidden % heads:
+        raise UserError(
+            f"{path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+            "and no head_dim says the width of a head: fix the config.json (add head_dim)"
+        )
 
 
 def _moe_fields(cfg: dict[str, object], path: Path) -> dict[str, int | bool]:
@@ -441,11 +456,24 @@ def _moe_fields(cfg: dict[str, object], path: Path) -> dict[str, int | bool]:
     }
 
 
+def _lookup(path: Path) -> str:
+    """What is at `path`: "" (nothing), "folder", "file", or "unknown" where this user may not
+    look (a folder of mode 000; Path.exists() raised a PermissionError there, which ended as
+    'make it writable'): the reader (fileio.check_input_file) then says it cannot be read."""
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return ""
+    except OSError:
+        return "unknown"
+    return "folder" if stat.S_ISDIR(st.st_mode) else "file"
+
+
 def from_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face config.json (or a folder holding one)."""
-    if path.is_dir():
+    if _lookup(path) == "folder":
         path = path / "config.json"
-    if not path.exists():
+    if not _lookup(path):
         raise UserError(f"no config.json at {path}: pass a registry name or a valid path")
     cfg = load_json(path, "model config", CONFIG_MAX_BYTES)
     if not isinstance(cfg, dict):
@@ -489,10 +517,10 @@ def _in_checkout(path: Path) -> Path:
     package runs from: the committed leaderboards name their models by a path relative to the
     repository (`scripts/models/.../config.json`), so they export and calibrate from any
     folder."""
-    if path.is_absolute() or path.exists():
+    if path.is_absolute() or _lookup(path):
         return path
     there = _CHECKOUT / path
-    return there if there.exists() else path
+    return there if _lookup(there) else path
 
 
 def get_model(name_or_path: str) -> ModelSpec:
@@ -501,7 +529,7 @@ def get_model(name_or_path: str) -> ModelSpec:
     if key in REGISTRY:
         return REGISTRY[key]
     path = _in_checkout(Path(name_or_path))
-    if path.suffix == ".json" or path.exists():
+    if path.suffix == ".json" or _lookup(path):
         return from_hf_config(path)
     known = ", ".join(sorted(REGISTRY))
     raise UserError(

@@ -120,17 +120,28 @@ def build_request(args: argparse.Namespace, setup: Setup, runner: Any) -> Any:
 
 
 def check_request_paths(req: Any) -> None:
-    """The study's own files are not blocked: its CSV is not a folder, its trial folder is not
-    a file, a storage path is not a folder. Run before the study writes anything."""
-    from tuner.cli_args import check_writable_dir, check_writable_file
+    """The study's own files are not blocked: its CSV is not a folder, its trial folder and its
+    model's recipe folder are not files, a storage path is not a folder, and no lock file the
+    study takes beside them is a folder or read-only. Run before the study writes anything (a
+    file in the way of recipes/<model>/ stopped the study after it had run its trials)."""
+    from tuner import recipes
+    from tuner.cli_args import check_storage_url, check_writable_dir, check_writable_file
+    from tuner.results import lock_of
 
-    check_writable_file(Path(req.csv_path), f"leaderboard of study {req.name}:")
+    csv_path = Path(req.csv_path)
+    check_writable_file(csv_path, f"leaderboard of study {req.name}:")
     check_writable_dir(Path(req.results_dir) / req.name, f"trial folder of study {req.name}:")
-    url = str(req.storage_url)
-    if url.startswith("sqlite:///"):
-        check_writable_file(Path(url.removeprefix("sqlite:///")), "--storage")
-    elif "://" not in url:
-        check_writable_file(Path(url), "--storage")
+    if req.recipes:
+        folder = Path(req.recipes_dir) / recipes._slug(req.model.name)
+        check_writable_dir(folder, f"recipe folder of model {req.model.name}:")
+    locks = [lock_of(csv_path)]  # results.upsert_row and the study's CSV view
+    storage = check_storage_url(str(req.storage_url))
+    if storage is not None:
+        check_writable_file(storage, "--storage")
+        # study.storage: open_storage's and the journal's lock, then study_lock's
+        locks += [lock_of(storage), lock_of(storage.with_name(f"{storage.name}.{req.name}"))]
+    for lock in locks:
+        check_writable_file(lock, f"lock file of study {req.name}:")
 
 
 def build_candidate(args: argparse.Namespace, setup: Setup) -> Candidate:

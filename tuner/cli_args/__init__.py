@@ -8,7 +8,7 @@ All of it runs before a command creates or launches anything, or when one fails:
   that names the argument (`argument --top: ...`).
 - `checks`: `validate(args)`, what needs the file system or several arguments (a results folder
   that is a file or read-only, a CSV that is a folder or damaged, `--columns` the leaderboard
-  lacks).
+  lacks, a `--storage` of no known form or one `report`/`reread` would have to create).
 - `messages`: an error inside a command (an OSError, a failing storage) as one line.
 
 Every message is one line that says what to change; `tuner.cli.main` prints it and exits 2.
@@ -17,12 +17,16 @@ Every message is one line that says what to change; `tuner.cli.main` prints it a
 from tuner.cli_args.checks import (
     OUTPUT_KINDS,
     PLOT_SUFFIXES,
+    STORAGE_SCHEMES,
     VALIDATORS,
     check_columns,
+    check_existing_storage,
     check_leaderboard,
     check_output_file,
     check_readable_file,
     check_runner_options,
+    check_storage_url,
+    check_stored_storage,
     check_writable_dir,
     check_writable_file,
     known_columns,
@@ -59,13 +63,17 @@ __all__ = [
     "OUTPUT_KINDS",
     "PLOT_SUFFIXES",
     "SEED_MAX",
+    "STORAGE_SCHEMES",
     "VALIDATORS",
     "OneLineParser",
     "check_columns",
+    "check_existing_storage",
     "check_leaderboard",
     "check_output_file",
     "check_readable_file",
     "check_runner_options",
+    "check_storage_url",
+    "check_stored_storage",
     "check_writable_dir",
     "check_writable_file",
     "env_assignment",

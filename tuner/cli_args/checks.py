@@ -1,13 +1,16 @@
 """The checks a command runs before it writes or launches anything: what needs the file system or
 several arguments (a results folder that is a file or read-only, a CSV that is a folder or
-damaged, an output that would replace an input, `--columns` the leaderboard lacks), per command
-(`validate`). Each raises a one-line `UserError` that says what to change.
+damaged, an output that would replace an input, `--columns` the leaderboard lacks, a `--storage`
+of no known form, or one a reading command would have to create), per command (`validate`).
+Each raises a one-line `UserError` that says what to change.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import errno
+import io
 import math
 import os
 import re
@@ -75,6 +78,9 @@ def check_writable_file(path: Path, flag: str) -> None:
     check_writable_dir(path.parent, flag)
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite database file (sqlite.org/fileformat.html)."""
+
 OUTPUT_KINDS: dict[str, tuple[str, tuple[bytes, ...]]] = {
     ".html": ("an HTML report", (b"<!doctype html", b"<html")),
     ".png": ("a PNG image", (b"\x89png\r\n\x1a\n",)),
@@ -86,7 +92,7 @@ OUTPUT_KINDS: dict[str, tuple[str, tuple[bytes, ...]]] = {
 
 
 def _what_is(head: bytes) -> str:
-    if head.startswith(b"SQLite format 3\x00"):
+    if head.startswith(SQLITE_MAGIC):
         return "an SQLite database (an Optuna storage?)"
     first = head.split(b"\n", 1)[0]
     if b"schema_version" in first or (b"train_parallel" in first and b"update_actor" in first):
@@ -135,16 +141,27 @@ def check_readable_file(path: Path, flag: str, max_bytes: int = CSV_MAX_BYTES) -
     check_input_file(path, flag, max_bytes)
 
 
-def check_leaderboard(path: Path, flag: str = "csv") -> list[dict[str, str]]:
-    """A readable leaderboard (ours or a reference) whose rows a command can use: no NUL byte,
-    and in ours a whole-number `trial` in every row. Returns the rows (our column names)."""
-    from tuner.results import read_rows
+def check_leaderboard(
+    path: Path, flag: str = "csv", *, needs_ours: str = ""
+) -> list[dict[str, str]]:
+    """A readable leaderboard (ours or a reference) whose rows a command can use: UTF-8 text
+    without a NUL byte, every row as many fields as the header (a file cut short mid-row, a row
+    that lost cells), and in ours a whole-number `trial` in every row. `needs_ours`: what the
+    command does with it, where a published reference CSV cannot serve (`tune export`).
+    Returns the rows (our column names)."""
+    from tuner.results import is_reference, read_rows
 
     data = read_input(path, flag, CSV_MAX_BYTES)
     if b"\0" in data:
         line = data[: data.index(b"\0")].count(b"\n") + 1
         raise UserError(
             f"{path} line {line} holds a NUL byte: the file is damaged; fix or delete that line"
+        )
+    header = _check_csv_shape(data, path)
+    if needs_ours and header and is_reference(header):
+        raise UserError(
+            f"{flag} {path} is a published reference CSV: {needs_ours} takes a leaderboard that "
+            "`tune` wrote (results/<study>.csv)"
         )
     rows = read_rows(path)
     numeric = _numeric_columns()
@@ -172,6 +189,43 @@ def check_leaderboard(path: Path, flag: str = "csv") -> list[dict[str, str]]:
                     "cell or delete that row"
                 )
     return rows
+
+
+def _check_csv_shape(data: bytes, path: Path) -> list[str]:
+    """The CSV text `data` of `path` decodes as UTF-8 and each row has the header's number of
+    fields; returns the header. csv.DictReader fills a short row with None and keeps a long
+    row's extra cells under None, so a leaderboard cut short mid-row (a copy interrupted) or a
+    row that lost cells was read as a row of empty measures."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(
+            f"{path} line {line} is not UTF-8 text (byte 0x{data[e.start]:02x}): save the file "
+            "as UTF-8, or fix or delete that line"
+        ) from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header: list[str] = []
+    try:
+        for row in reader:
+            if not header:
+                header = row
+                continue
+            if row and len(row) != len(header):
+                line = reader.line_num
+                cut = not text.endswith(("\n", "\r")) and line == text.count("\n") + 1
+                why = (
+                    "the file ends in the middle of it (cut short?): copy the file again or "
+                    "delete that line"
+                    if cut
+                    else "the row is damaged: fix or delete that line"
+                )
+                raise UserError(
+                    f"{path} line {line} has {len(row)} fields, the header {len(header)}: {why}"
+                )
+    except csv.Error as e:
+        raise UserError(f"{path} line {reader.line_num}: {e}: fix or delete that line") from None
+    return header
 
 
 def _numeric_columns() -> frozenset[str]:
@@ -228,11 +282,109 @@ def _check_leaderboards(args: argparse.Namespace) -> list[dict[str, str]]:
 def _check_run(args: argparse.Namespace) -> None:
     check_writable_dir(args.results_dir, "--results-dir")
     check_writable_dir(args.recipes_dir, "--recipes-dir")
-    if args.storage and "://" not in args.storage:
-        check_writable_file(Path(args.storage), "--storage")
+    if args.storage:
+        path = check_storage_url(args.storage)
+        if path is not None:
+            check_writable_file(path, "--storage")
     if args.profile is not None:
         check_readable_file(args.profile, "--profile", JSON_MAX_BYTES)
+    if args.candidates_from is not None:
+        check_leaderboard(args.candidates_from, "--candidates-from", needs_ours="--candidates-from")
     check_runner_options(args)
+
+
+STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
+"""URL schemes of the databases SQLAlchemy, under Optuna's RDBStorage, has a dialect for (a
+driver may follow after `+`: postgresql+psycopg2://)."""
+_URL_LIKE = re.compile(r"([A-Za-z][A-Za-z0-9+]*):/{0,2}(.*)", re.DOTALL)
+
+
+def check_storage_url(text: str, flag: str = "--storage") -> Path | None:
+    """The form of a `--storage` value, before anything opens it: a URL of a database scheme
+    SQLAlchemy knows (`ftp://` was tried as a SQLAlchemy plugin and failed with 'move the file
+    aside'), a SQLite URL naming a file (`sqlite://` alone is an in-memory database that keeps
+    nothing; `sqlite://x.db` names a host), or a file path that is not a URL missing its `//`
+    (`sqlite:x.db` became a SQLite file of that name). Returns the storage file of a path or
+    a sqlite:/// URL, None for a server's URL."""
+    if "://" not in text:
+        m = _URL_LIKE.fullmatch(text)
+        scheme = m.group(1).lower().split("+")[0] if m else ""
+        if m and (scheme in STORAGE_SCHEMES or scheme == "postgres"):
+            fix = f"sqlite:///{m.group(2)}" if scheme == "sqlite" else f"{m.group(1)}://..."
+            raise UserError(f"{flag} {text} is a URL without its //: write {fix}")
+        return Path(text)
+    scheme, rest = text.split("://", 1)
+    base = scheme.lower().split("+")[0]
+    if base not in STORAGE_SCHEMES:
+        hint = " (SQLAlchemy's name is postgresql)" if base == "postgres" else ""
+        raise UserError(
+            f"{flag} {text}: unknown scheme {scheme!r}{hint}: write sqlite:///<file>, "
+            "postgresql://<user>@<host>/<db>, mysql://<user>@<host>/<db>, or a file path "
+            "(*.log: a journal file)"
+        )
+    if base != "sqlite":
+        return None
+    if rest == "":
+        rest = "/"  # sqlite:// alone: SQLAlchemy's in-memory database, as sqlite:///:memory:
+    if not rest.startswith("/"):
+        raise UserError(
+            f"{flag} {text} names a host, which SQLite has not: write sqlite:///{rest} (three "
+            "slashes; four for an absolute path)"
+        )
+    path = rest[1:]
+    if path in ("", ":memory:") or path.startswith(("file::memory:", ":memory:?")):
+        raise UserError(
+            f"{flag} {text} is an in-memory database, which keeps nothing once tune exits: "
+            "write sqlite:///<file>"
+        )
+    return Path(path)
+
+
+def check_stored_storage(text: str, flag: str = "--storage") -> None:
+    """A storage a command only reads or adds to (`tune report`, `tune reread`): a server's
+    URL, or a file that is there and is an Optuna storage. An empty or missing file was
+    opened all the same, and Optuna created its tables in it."""
+    path = check_storage_url(text, flag)
+    if path is not None:
+        check_existing_storage(path, flag)
+
+
+def check_existing_storage(path: Path, flag: str) -> None:
+    """`path` is an existing Optuna storage file: a journal (by its suffix) or an SQLite
+    database that is not another application's. Read without writing to it."""
+    from tuner.study.storage import JOURNAL_SUFFIXES, OPTUNA_TABLES, sqlite_tables
+
+    st = _probe(path, flag)
+    if st is None:
+        raise UserError(
+            f"{flag} {path}: no such file: pass the study's storage (this command reads one, "
+            "it creates none)"
+        )
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{flag} {path} is a folder: pass the study's storage file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{flag} {path} is not a regular file (a pipe or a device): pass a file")
+    if st.st_size == 0:
+        raise UserError(
+            f"{flag} {path} is empty, not an Optuna storage: pass the study's storage (or "
+            "delete the empty file)"
+        )
+    if not os.access(path, os.R_OK):
+        raise UserError(f"{flag} {path} cannot be read: check its permissions")
+    if path.suffix in JOURNAL_SUFFIXES:
+        return  # its entries are checked by open_storage (storage.journal_damage)
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head != SQLITE_MAGIC:
+        raise UserError(
+            f"{flag} {path} is not an SQLite database (an Optuna storage): pass the study's storage"
+        )
+    tables = sqlite_tables(path)
+    if tables and not tables >= OPTUNA_TABLES:
+        raise UserError(
+            f"{flag} {path} is another application's SQLite database, not an Optuna storage: "
+            "pass the study's storage"
+        )
 
 
 _FOR_LAUNCHER = re.compile(r"--launcher (\w+):")
@@ -286,7 +438,7 @@ def _check_export(args: argparse.Namespace) -> None:
         raise UserError(
             f"--rank {args.rank} and --trial {args.trial} both choose the row: pass one of them"
         )
-    _check_leaderboards(args)
+    check_leaderboard(Path(args.csv), needs_ours="`tune export`")
     check_writable_dir(args.recipes_dir, "--recipes-dir")
 
 
@@ -344,8 +496,10 @@ def _check_report(args: argparse.Namespace) -> None:
     _check_table(args)
     refs = [Path(r) for r in getattr(args, "reference", None) or ()]
     for ref in refs:
-        check_readable_file(ref, "--reference")
+        check_leaderboard(ref, "--reference")
     storage = getattr(args, "storage", None) or ""
+    if storage:
+        check_stored_storage(storage)
     reads = [Path(args.csv), *refs]
     if storage and (storage.startswith("sqlite:///") or "://" not in storage):
         reads.append(Path(storage.removeprefix("sqlite:///")))
@@ -371,8 +525,15 @@ def _check_reread(args: argparse.Namespace) -> None:
             f"{args.study}/trials/ (tune run's --results-dir)"
         )
     check_writable_file(results / f"{args.study}.csv", "leaderboard of the study:")
-    if args.storage and "://" not in args.storage:
-        check_writable_file(Path(args.storage), "--storage")
+    if args.storage:
+        path = check_storage_url(args.storage)
+        if path is not None:  # reread adds to it: there, an Optuna storage, writable
+            check_existing_storage(path, "--storage")
+            check_writable_file(path, "--storage")
+        return
+    for default in (results / f"{args.study}.sqlite3", results / "studies.sqlite3"):
+        if _probe(default, "storage of the study") is not None:  # tune reread opens each there
+            check_existing_storage(default, "storage of the study")
 
 
 VALIDATORS: dict[str, Callable[[argparse.Namespace], None]] = {

@@ -10,8 +10,9 @@ from typing import Any
 from tuner.errors import redact
 
 _HINTS = {
-    errno.EACCES: "make it writable or pass another path",
-    errno.EPERM: "make it writable or pass another path",
+    # EACCES/EPERM come from reads and writes alike: the hint names neither
+    errno.EACCES: "check its permissions or pass another path",
+    errno.EPERM: "check its permissions or pass another path",
     errno.EROFS: "the file system is read-only: pass a path on another one",
     errno.EISDIR: "it is a folder: pass a file",
     errno.ENOTDIR: "a file is in the way of a folder: move it aside or pass another path",

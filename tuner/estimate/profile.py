@@ -8,6 +8,7 @@ fits the ones listed in CALIBRATED to the user's own measured rows.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -127,6 +128,11 @@ CALIBRATED: dict[str, tuple[float, float]] = {
 measured peak is a lower bound of what a run needs, not its need)."""
 
 
+RETIRED_CONSTANTS = ("context_gib", "fragmentation")
+"""Constants of schema-2 profiles that the cost model no longer has (9cc925f took the memory
+model's out of the profile; it was never fitted): a profile holding them is read without them."""
+
+
 def load_profile(path: Path | None = None) -> Profile:
     """The profile at `path`, else the default file if present, else the built-in defaults."""
     p = path or DEFAULT_PROFILE_PATH
@@ -134,16 +140,51 @@ def load_profile(path: Path | None = None) -> Profile:
         if path is not None:
             raise UserError(f"no calibration profile at {p}: run `tune calibrate` first")
         return Profile()
-    data = load_json(p, "calibration profile")
-    try:
-        if data.get("schema") != PROFILE_SCHEMA:
-            raise ValueError(f"schema {data.get('schema')} != {PROFILE_SCHEMA}")
-        known = {f.name for f in fields(Profile)}
-        return Profile(**{k: float(v) for k, v in data["constants"].items() if k in known})
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    return profile_of(load_json(p, "calibration profile"), p)
+
+
+def profile_of(data: object, p: Path) -> Profile:
+    """The Profile a profile file's JSON holds; UserError naming the file and what is wrong: not
+    `tune calibrate`'s schema, a constant this version does not know (a misspelt name was
+    dropped without a word), a value that is not a number (text, true), or one outside what
+    `tune calibrate` fits in (`CALIBRATED`) or the model allows (`Profile.__post_init__`)."""
+    redo = "re-run `tune calibrate` to write one, or fix the file"
+    if not isinstance(data, dict):
+        raise UserError(f"calibration profile {p} holds no JSON object: {redo}")
+    if data.get("schema") != PROFILE_SCHEMA:
+        got = json.dumps(data.get("schema"))[:20]
         raise UserError(
-            f"calibration profile {p} is unreadable ({e}): delete it or re-run `tune calibrate`"
-        ) from None
+            f"calibration profile {p} has schema {got}, not {PROFILE_SCHEMA} (this version's): "
+            f"{redo}"
+        )
+    constants = data.get("constants")
+    if not isinstance(constants, dict):
+        raise UserError(f'calibration profile {p} has no "constants" object: {redo}')
+    known = [f.name for f in fields(Profile)]
+    values: dict[str, float] = {}
+    for k, v in constants.items():
+        if k in RETIRED_CONSTANTS:
+            continue
+        if k not in known:
+            raise UserError(
+                f"calibration profile {p}: unknown constant {str(k)[:40]!r}: use the names "
+                f"`tune calibrate` prints (e.g. {known[0]}), or {redo}"
+            )
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise UserError(
+                f"calibration profile {p}: {k} is {json.dumps(v)[:40]}, not a number: {redo}"
+            )
+        lo, hi = CALIBRATED.get(k, (-math.inf, math.inf))  # others: Profile.__post_init__
+        if not lo <= v <= hi:
+            raise UserError(
+                f"calibration profile {p}: {k} {v:g} is outside {lo:g}..{hi:g} (the range "
+                f"`tune calibrate` fits in): {redo}"
+            )
+        values[k] = float(v)
+    try:
+        return Profile(**values)
+    except UserError as e:
+        raise UserError(f"calibration profile {p}: {e}: {redo}") from None
 
 
 def save_profile(profile: Profile, path: Path | None = None, **meta: object) -> Path:

@@ -62,7 +62,8 @@ def _open_study(s: Study, storage: str | None) -> tuple[Any, str, str]:
     url = ""
     for c in candidates:
         f = _storage_file(c)
-        if f is None or f.is_file():
+        # an empty file is no storage: opening it, Optuna would create its tables there
+        if f is None or (f.is_file() and f.stat().st_size > 0):
             url = c
             break
     if not url:

@@ -10,6 +10,7 @@
 from tuner.results.files import (
     csv_text,
     is_reference,
+    lock_of,
     locked,
     normalize_reference,
     read_raw,
@@ -65,6 +66,7 @@ __all__ = [
     "csv_text",
     "format_table",
     "is_reference",
+    "lock_of",
     "locked",
     "normalize_reference",
     "number",

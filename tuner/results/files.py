@@ -30,12 +30,17 @@ def csv_text(rows: Iterable[dict[str, str]]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def lock_of(path: Path) -> Path:
+    """The lock file `locked(path)` takes: `<path>.lock`."""
+    return path.with_name(path.name + ".lock")
+
+
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock beside `path` (`<path>.lock`), so several tuner workers can share one
+    """An exclusive lock beside `path` (`lock_of`), so several tuner workers can share one
     leaderboard or one storage file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
+    with open(lock_of(path), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -142,5 +147,8 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     if rows and is_reference(rows[0].keys()):
         return [normalize_reference(r, path) for r in rows]
     if rows and "schema_version" not in rows[0]:
-        raise UserError(f"{path} is neither a verl-tuner leaderboard nor a reference CSV")
+        raise UserError(
+            f"{path} is neither a verl-tuner leaderboard (no schema_version column) nor a "
+            "reference CSV: pass a CSV that `tune` wrote"
+        )
     return [upgrade_row(r) for r in rows]

@@ -219,6 +219,19 @@ CANDIDATES_FROM_ORIGIN = "from"
 """Origin of a candidate taken from another leaderboard: `from <csv> trial <n>`."""
 
 
+def _same_model(text: str, model: Any) -> bool:
+    """A row's `model` (the --model its study was given: a registry name or a config.json
+    path) is `model`: the same architecture, whatever it is called."""
+    from tuner.errors import UserError
+    from tuner.models import get_model
+
+    try:
+        theirs = get_model(text)
+    except UserError:  # a config.json not on this machine: its name must match
+        return text.lower() == model.name.lower()
+    return dataclasses.replace(theirs, name=model.name, hf_id=model.hf_id) == model
+
+
 def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dict[str, Any], str]]:
     """The ok rows of another leaderboard (e.g. real verl's) as (sampler params, origin), each
     candidate once (its first row), so this study measures the same candidates with its own
@@ -243,6 +256,11 @@ def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dic
     out: list[tuple[dict[str, Any], str]] = []
     taken: list[Candidate] = []
     for r in rows:
+        if not _same_model(r.get("model") or "", space.model):
+            raise UserError(
+                f"--candidates-from {csv_path}: trial {r.get('trial')} ran model "
+                f"{r.get('model')!r}, not {space.model.name}: pass a leaderboard of this model"
+            )
         diff = [f"{k} {r.get(k)} (here {v})" for k, v in want.items() if number(r.get(k)) != v]
         if diff:
             raise UserError(
