@@ -20,7 +20,8 @@ from tuner.hardware import Cluster, get_gpu
 from tuner.models import REGISTRY
 from tuner.results import read_raw
 from tuner.runners.estimate import EstimateRunner
-from tuner.study import TuneRequest, run_study
+from tuner.space import SearchSpace
+from tuner.study import TuneRequest, run_study, warm_start_params
 from tuner.study.storage import RERUN_ORIGIN
 from tuner.workload import PRESETS
 
@@ -203,3 +204,186 @@ def test_a_killed_worker_not_yet_reaped_is_reclaimed_at_once(workdir: Path) -> N
     s = run_study(req)
     _check_reclaimed(req, number)
     assert s.trials_total == 2
+
+
+def test_a_worker_killed_before_it_enqueued_a_re_run_leaves_it_to_the_next(
+    workdir: Path,
+) -> None:
+    """kill -9 of a resuming worker after it closed a dead worker's trial as FAIL and before it
+    enqueued the candidate's re-run: the next resume enqueues it (nothing looked at a trial
+    once it had ended, so the candidate was never measured)."""
+    req = _request(workdir, 2)
+    number = _worker_killed_mid_trial(req, "", reap=True)
+    killed = _python(
+        """
+        import os, sys, optuna
+        import tuner.study.storage as st
+        name, url = sys.argv[1:3]
+        study = optuna.load_study(study_name=name, storage=st.open_storage(url))
+        st.enqueue_rerun = lambda study, t: os.kill(os.getpid(), 9)  # dies between the two
+        with st.study_lock(url, name) as locked_:
+            st.reclaim_interrupted(study, locked_)
+        """.replace("sys.argv[1:3]", repr([req.name, req.storage_url]))
+    )
+    killed.communicate(timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+    ts = optuna.load_study(study_name=req.name, storage=req.storage_url).trials
+    assert ts[number].state is optuna.trial.TrialState.FAIL  # closed, its re-run not enqueued
+    assert not [t for t in ts if t.user_attrs.get("origin") == f"{RERUN_ORIGIN}{number}"]
+    s = run_study(req)
+    _check_reclaimed(req, number)
+    assert s.trials_total == 2
+
+
+def test_an_enqueued_candidate_killed_while_sampling_is_re_run_whole(workdir: Path) -> None:
+    """kill -9 of a worker while it sampled a warm-start candidate (Optuna writes one param at
+    a time): the trial holds only the params sampled before the kill. Its re-run is the
+    candidate it was enqueued with, whole (it re-ran the few params sampled, the rest drawn
+    anew: another candidate, the warm start's lost), and so is its `interrupted` row (it had
+    no knobs)."""
+    req = _request(workdir, 1)
+    space = SearchSpace(
+        model=req.model,
+        cluster=req.cluster,
+        workload=req.workload,
+        limits=req.runner.space_limits(req.model),
+    )
+    (params, _), *_ = warm_start_params(space, req.profile, seed=0, runner=req.runner, pool=50)
+    killed = _python(
+        f"""
+        import os, optuna
+        import tuner.study.storage as st
+        from optuna.trial import Trial
+        from tuner.space import SearchSpace, sample
+        from tuner.hardware import Cluster, get_gpu
+        from tuner.models import REGISTRY
+        from tuner.runners.estimate import EstimateRunner
+        from tuner.workload import PRESETS
+        model = REGISTRY["qwen2.5-7b"]
+        space = SearchSpace(model=model, cluster=Cluster(gpu=get_gpu("h100"), num_gpus=8),
+                            workload=PRESETS["dapo-math"],
+                            limits=EstimateRunner().space_limits(model))
+        study = optuna.create_study(study_name={req.name!r},
+                                    storage=st.open_storage({req.storage_url!r}))
+        study.enqueue_trial({params!r}, user_attrs={{"origin": "reference"}})
+        trial = study.ask()
+        trial.set_user_attr("worker", st.WORKER)
+        suggest, drawn = Trial._suggest, []
+        def dies_at_the_third(self, name, distribution):
+            drawn.append(name)
+            if len(drawn) == 3:
+                os.kill(os.getpid(), 9)
+            return suggest(self, name, distribution)
+        Trial._suggest = dies_at_the_third
+        sample(trial, space)
+        """
+    )
+    killed.communicate(timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+    (partial,) = optuna.load_study(study_name=req.name, storage=req.storage_url).trials
+    assert 0 < len(partial.params) < len(params)
+    run_study(req)
+    ts = optuna.load_study(study_name=req.name, storage=req.storage_url).trials
+    (rerun,) = [t for t in ts if t.user_attrs.get("origin") == f"{RERUN_ORIGIN}0"]
+    assert rerun.state.is_finished()
+    assert rerun.params == {k: v for k, v in params.items() if k in rerun.params}
+    assert len(rerun.params) > len(partial.params)
+    row = read_raw(req.csv_path)[0]  # the interrupted row names the candidate, as enqueued
+    assert (row["status"], row["train_parallel"]) == ("interrupted", params["layout"])
+
+
+_WORKER_SUSPENDED = """
+import dataclasses, pathlib, sys, time
+import tuner.study.loop as loop
+import tuner.study.storage as st
+sys.path.insert(0, sys.argv[1])
+from test_study_durability import _request
+from tuner.runners.estimate import EstimateRunner
+st.HEARTBEAT_S = st.GRACE_S = loop.HEARTBEAT_S = 1
+
+class Slow(EstimateRunner):
+    def run(self, spec):
+        if not pathlib.Path("running").exists():
+            pathlib.Path("running").write_text(str(spec.number))
+            time.sleep(4)  # suspended in here
+        return super().run(spec)
+
+loop.run_study(dataclasses.replace(_request(pathlib.Path.cwd(), 1), runner=Slow()))
+"""
+
+
+def test_a_worker_suspended_past_the_grace_period_keeps_its_measurement(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stopped (SIGSTOP: Ctrl-Z, a paused VM) mid-trial for longer than the heartbeat's
+    grace period: another worker fails its trial as stale and enqueues the candidate again.
+    Continued, the worker finishes the trial: its measurement is kept in a trial of its own
+    with the same params, and the worker goes on (it stopped with a traceback,
+    UpdateFinishedTrialError, its measurement lost)."""
+    monkeypatch.setattr(storage, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(storage, "GRACE_S", 1)
+    req = _request(workdir, 1)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _WORKER_SUSPENDED, str(Path(__file__).parent)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not Path("running").exists() or not Path("running").read_text():
+            assert worker.poll() is None, worker.communicate()[1][-2000:]
+            time.sleep(0.02)
+        worker.send_signal(signal.SIGSTOP)
+        number = int(Path("running").read_text())
+        time.sleep(2.2)  # past the grace period (SQLite's clock counts whole seconds)
+        study = optuna.load_study(
+            study_name=req.name,
+            storage=storage.open_storage(req.storage_url, storage.enqueue_rerun),
+        )
+        with storage.study_lock(req.storage_url, req.name) as locked_:
+            storage.reclaim_interrupted(study, locked_)  # what another worker does first
+        assert study.trials[number].state is optuna.trial.TrialState.FAIL
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err[-2000:]
+    ts = optuna.load_study(study_name=req.name, storage=req.storage_url).trials
+    (rerun,) = [t for t in ts if t.user_attrs.get("origin") == f"{RERUN_ORIGIN}{number}"]
+    assert rerun.state is optuna.trial.TrialState.WAITING  # --trials 1 is done
+    (kept,) = [t for t in ts if t.number > number and t.state.is_finished()]
+    assert kept.state is optuna.trial.TrialState.COMPLETE and kept.params == ts[number].params
+    rows = {int(r["trial"]): r for r in read_raw(req.csv_path)}
+    assert rows[number]["status"] == "interrupted"
+    assert rows[kept.number]["status"] == "ok"
+    assert f"measured as trial {number}, which another worker closed" in rows[kept.number]["reason"]
+
+
+def test_a_study_killed_while_it_rewrote_its_csv_leaves_no_temporary_file(
+    workdir: Path,
+) -> None:
+    """kill -9 while the CSV's replacement is written (its temporary file whole, not yet
+    renamed): the file stays beside the CSV, as large as it (write_atomic's cleanup never
+    runs); the resume's first rewrite removes it, and the CSV is whole."""
+    killed = _python(
+        """
+        import os
+        from tuner.cli import main
+        fsync = os.fsync
+        def dies_writing_the_csv(fd):
+            fsync(fd)
+            if os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp") and ".csv." in os.readlink(
+                f"/proc/self/fd/{fd}"
+            ):
+                os.kill(os.getpid(), 9)
+        os.fsync = dies_writing_the_csv
+        main(["--model", "qwen2.5-7b", "--gpus", "8", "--runner", "estimate", "--no-progress",
+              "--trials", "2"])
+        """
+    )
+    killed.communicate(timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+    (left,) = Path("results").glob(".*.csv.*.tmp")
+    assert left.stat().st_size > 0
+    done = subprocess.run([*TUNE, "--trials", "2"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not list(Path("results").glob(".*.tmp"))
+    assert read_raw(Path("results") / "qwen2.5-7b-h100x8-estimate.csv")

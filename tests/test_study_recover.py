@@ -8,6 +8,7 @@ main_ppo where a re-run launches, as on this CPU)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib.util
 import json
@@ -18,6 +19,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import optuna
@@ -269,3 +271,57 @@ def test_a_trial_that_died_before_step_3_is_interrupted_and_re_run(
     assert rerun.params == TRIAL4_PARAMS and rerun.state is optuna.trial.TrialState.COMPLETE
     assert rows[rerun.number]["status"] == "ok"
     assert float(rows[rerun.number]["tokens_per_s_per_gpu"]) == 1030.0  # fake_verl's step 3
+
+
+_STUDY_HANGING = """
+import dataclasses, pathlib, sys
+sys.path.insert(0, sys.argv[1])
+from test_study_recover import FAKE_VERL, H100Runner, _request
+from tuner.study import run_study
+req = _request(pathlib.Path.cwd())
+runner = H100Runner(model_path="fake/hang", entrypoint=[sys.executable, str(FAKE_VERL)])
+run_study(dataclasses.replace(req, runner=runner))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_study_stopped_by_sigterm_or_sighup_stops_its_launch_and_closes_its_trial(
+    workdir: Path, one_gpu: None, sig: signal.Signals
+) -> None:
+    """A scheduler's SIGTERM (or a closed terminal's SIGHUP) to a study whose trial runs verl:
+    as Ctrl-C does, the launch's process group is stopped and the trial closed at once, its
+    `interrupted` row in the CSV and its candidate enqueued again. It ended the process on the
+    spot: verl ran on, holding the GPUs beside the resume's re-run, and the CSV said nothing
+    of the trial until a resume."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_STUDY_HANGING), str(TESTS)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    req = _request(workdir)
+    pid_file = req.results_dir / req.name / "trials" / "0" / "fake_verl.pid"
+    for _ in range(600):  # main_ppo hangs after its first step
+        if pid_file.exists() and pid_file.read_text():
+            break
+        assert p.poll() is None, p.communicate()[1][-2000:]
+        time.sleep(0.05)
+    verl = int(pid_file.read_text())
+    try:
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 1 and "Terminated" in err  # the interrupt, not the signal
+        for _ in range(100):  # the group's SIGKILL reaches it within a moment
+            if not Path(f"/proc/{verl}").exists():
+                break
+            time.sleep(0.05)
+        assert not Path(f"/proc/{verl}").exists(), "main_ppo outlived the study"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(verl, signal.SIGKILL)
+    (row,) = read_raw(req.csv_path)
+    assert (row["trial"], row["status"]) == ("0", "interrupted")
+    ts = optuna.load_study(study_name=req.name, storage=req.storage_url).trials
+    assert ts[0].state is optuna.trial.TrialState.FAIL
+    (rerun,) = [t for t in ts if t.user_attrs.get("origin") == f"{RERUN_ORIGIN}0"]
+    assert rerun.state is optuna.trial.TrialState.WAITING

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import math
 import os
@@ -63,6 +64,20 @@ def write_atomic(
             raise OSError(e.errno, e.strerror, str(path)) from e
         raise
     return path
+
+
+def remove_leftovers(path: Path | str) -> int:
+    """Remove the temporary files of `write_atomic(path)` that writers killed mid-write left
+    beside it (SIGKILL runs no cleanup; each such file is as large as the file it was to
+    replace: a large study's CSV is hundreds of MiB); returns how many. Only under the lock
+    that every writer of `path` holds, or another writer's file in progress would go."""
+    path = Path(path)
+    removed = 0
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+            removed += 1
+    return removed
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
+import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +181,63 @@ class _Study:
                     )
                 enqueue_warm_start(self.study, params)
 
+    def abandon(self) -> None:
+        """On the way out of an interrupted or failed loop: close this worker's running trial
+        as a dead worker's (its `interrupted` row, its candidate re-run by the next worker;
+        its record's state where it stored one; `reclaim_interrupted`) and rebuild the CSV, so
+        that `tune show` and `tune report` see the trial and every finished one at once, not
+        after a resume. Best effort: what a failing storage or a second interrupt leaves, the
+        next worker reclaims as before."""
+        with contextlib.suppress(Exception):  # the exception on its way out is the one to see
+            with self.lock() as locked_:
+                reclaim_interrupted(
+                    self.study, locked_, self.recover, self.storage, stopping=WORKER
+                )
+            self.write_view()
+
+    def running(self, number: int) -> bool:
+        """Whether trial `number` is RUNNING in the storage now (not closed by another)."""
+        sid = self.storage.get_study_id_from_name(self.req.name)
+        tid = self.storage.get_trial_id_from_study_id_trial_number(sid, number)
+        return self.storage.get_trial(tid).state is optuna.trial.TrialState.RUNNING
+
+    def keep_closed(
+        self,
+        trial: optuna.Trial,
+        rec: TrialRecord,
+        state: optuna.trial.TrialState,
+        value: float | None,
+    ) -> TrialRecord:
+        """The record of `trial`, which another worker closed while this one ran it: Optuna's
+        heartbeat of it stopped for `GRACE_S` (this process suspended, or stalled), so it was
+        failed as stale and its candidate enqueued again. The measurement is kept: in a trial
+        of its own with the same params (the re-run then copies it, `repeat_of`, rather than
+        launch it again), unless the record was stored before the trial was closed (its row
+        is there; a finished trial cannot change). Returns the record as stored."""
+        sid = self.storage.get_study_id_from_name(self.req.name)
+        closed = self.storage.get_trial(
+            self.storage.get_trial_id_from_study_id_trial_number(sid, trial.number)
+        )
+        if RECORD_ATTR in closed.user_attrs:
+            return rec
+        template = optuna.trial.create_trial(
+            state=optuna.trial.TrialState.RUNNING,
+            params=closed.params,
+            distributions=closed.distributions,
+            user_attrs={k: v for k, v in closed.user_attrs.items() if k in ("origin", "worker")},
+        )
+        with self.lock():  # RUNNING with its worker at once: no reclaim takes it for a dead one
+            tid = self.storage.create_new_trial(sid, template_trial=template)
+        number = self.storage.get_trial_number_from_id(tid)
+        note = (
+            f"measured as trial {trial.number}, which another worker closed while it ran "
+            "(its heartbeat had stopped: this worker was suspended or stalled)"
+        )
+        kept = replace(rec, trial=number, reason=f"{rec.reason}; {note}" if rec.reason else note)
+        store_record(optuna.Trial(self.study, tid), kept)
+        self.study.tell(number, value, state=state)
+        return kept
+
     def recover(self, t: optuna.trial.FrozenTrial) -> TrialRecord | None:
         """The record of a dead worker's trial whose measurement is in its folder
         (`recovered_record`); a runner that fails to read it back leaves a note, and the trial
@@ -267,7 +327,13 @@ def run_study(
     on_progress: Callable[[Progress], None] | None = None,
 ) -> StudySummary:
     """Run (or resume, or join as one more worker) the study of `req`. The runner is closed at
-    the end, also on error."""
+    the end, also on error; SIGTERM and SIGHUP stop it as Ctrl-C does
+    (`_stop_signals_interrupt`)."""
+    with _stop_signals_interrupt():
+        return _run_study(req, on_progress)
+
+
+def _run_study(req: TuneRequest, on_progress: Callable[[Progress], None] | None) -> StudySummary:
     try:
         space = SearchSpace(
             model=req.model,
@@ -288,13 +354,50 @@ def run_study(
             close()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while a study runs, raised as an interrupt (as Ctrl-C is)."""
+
+
+@contextlib.contextmanager
+def _stop_signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a scheduler's stop, a closed terminal) raise `Terminated` while the
+    study runs, so that what a Ctrl-C cleans up is cleaned up for them too: the launched
+    trial's process group is killed (`runners.process.run_process`), the runner closed, this
+    worker's trial closed (`_Study.abandon`). By default either signal ended the process on
+    the spot and left the trial's launch running, holding its GPUs, beside the resume's
+    re-run. A second one ends the process at once; a handler of the caller's own, or one
+    ignored (nohup), is left as it is; nothing off the main thread, where Python allows no
+    handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {}
+
+    def on_stop(signum: int, _frame: object) -> None:
+        signal.signal(signum, previous[signum])
+        raise Terminated(f"stopped by {signal.Signals(signum).name}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            previous[sig] = signal.signal(sig, on_stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def _run(
     req: TuneRequest, space: SearchSpace, on_progress: Callable[[Progress], None] | None
 ) -> StudySummary:
     s = _Study(req, space)
     s.start()
-    with Heartbeat(s.storage, req.name) as beat:
-        return _loop(req, s, beat, on_progress)
+    try:
+        with Heartbeat(s.storage, req.name) as beat:
+            return _loop(req, s, beat, on_progress)
+    except BaseException:
+        s.abandon()
+        raise
 
 
 def _loop(
@@ -337,12 +440,17 @@ def _loop(
             started_at=started,
             duration_s=time.monotonic() - t0,
         )
-        store_record(trial, rec)
         state = state_for(res.status)
         value = res.value if state is optuna.trial.TrialState.COMPLETE else None
         if state is optuna.trial.TrialState.COMPLETE and value is None:
             state = optuna.trial.TrialState.FAIL
-        s.study.tell(trial, value, state=state)
+        try:
+            store_record(trial, rec)
+            s.study.tell(trial, value, state=state)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            if s.running(trial.number):
+                raise  # not closed by another worker: a real error
+            rec = s.keep_closed(trial, rec, state, value)
         beat.stop()
         retry = hand_retry_params(dict(trial.params), rec)
         if retry is not None:  # the hand rule: a lower utilization after an OOM in generation

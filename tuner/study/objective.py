@@ -18,7 +18,7 @@ from tuner.runners.base import Predicted, TrialSpec
 from tuner.space import Candidate, SearchSpace, sample, validate
 from tuner.study.learn import StudyLearner, scaled_estimate
 from tuner.study.request import TuneRequest
-from tuner.study.storage import WORKER
+from tuner.study.storage import WORKER, candidate_params
 
 BACKENDS = {
     "estimate": "estimate (cost model)",
@@ -285,11 +285,13 @@ def build_record(
 def interrupted_record(
     req: TuneRequest, storage: str, space: SearchSpace, t: optuna.trial.FrozenTrial
 ) -> TrialRecord:
-    """The record of a trial whose worker died before it stored one (a FAIL trial with no
-    record); made the same each time from the trial."""
+    """The record of a trial whose worker died or was interrupted before it stored one (a
+    FAIL trial with no record); made the same each time from the trial, its candidate from
+    what it sampled and was enqueued with (`candidate_params`: a trial killed while it
+    sampled a warm-start candidate)."""
     cand: dict[str, Any] = {}
     with contextlib.suppress(Exception):  # params of an older space may not sample any more
-        cand = candidate_fields(sample(optuna.trial.FixedTrial(t.params), space))
+        cand = candidate_fields(sample(optuna.trial.FixedTrial(candidate_params(t)), space))
     worker = str(t.user_attrs.get("worker", ""))
     base = base_record(req, storage, t.number)
     base["worker"] = worker
@@ -297,7 +299,7 @@ def interrupted_record(
         **base,
         **cand,
         status=Status.INTERRUPTED,
-        reason=f"its worker {worker or '(unknown)'} died mid-trial; not counted",
+        reason=f"its worker {worker or '(unknown)'} stopped mid-trial; not counted",
         source="tuner",
         backend=BACKENDS.get(req.runner.name, req.runner.name),
         origin=str(t.user_attrs.get("origin", "")),

@@ -385,22 +385,42 @@ RERUN_ORIGIN = "re-run of interrupted trial "
 interrupted trial's number follows."""
 
 
+def candidate_params(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The params of the candidate the trial was to run: those it sampled, over those it was
+    enqueued with (a warm start's, a re-run's: Optuna's `fixed_params`), which a trial
+    killed while it sampled holds only part of."""
+    fixed = t.system_attrs.get("fixed_params")
+    return {**(fixed if isinstance(fixed, dict) else {}), **t.params}
+
+
+def _rerun_due(t: optuna.trial.FrozenTrial, origins: set[str]) -> bool:
+    """Whether the ended trial `t` is an interrupted one whose re-run is not in the study yet
+    (`origins`: the study's trials' origins): not a trial that was itself a re-run (a candidate
+    that kills its worker is not retried forever), not one killed before it had a candidate
+    (nothing enqueued, nothing sampled), not one that stored its record or (an older
+    version's) status: it finished."""
+    if not candidate_params(t) or str(t.user_attrs.get("origin", "")).startswith(RERUN_ORIGIN):
+        return False
+    if RECORD_ATTR in t.user_attrs or "status" in t.user_attrs:
+        return False
+    return f"{RERUN_ORIGIN}{t.number}" not in origins
+
+
+def _origins(study: optuna.Study) -> set[str]:
+    return {str(o.user_attrs.get("origin", "")) for o in study.get_trials(deepcopy=False)}
+
+
 def enqueue_rerun(study: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
-    """Enqueue the params of the interrupted trial `t` once more, so its candidate is measured
-    after all. Not `skip_if_exists`: Optuna would skip it, as params of an existing (failed)
-    trial. Once: not if a re-run of `t` is already in the study, not for a trial that was
-    itself a re-run (a candidate that kills its worker is not retried forever), not for a
-    trial killed before it sampled anything, not for one that stored its record (it finished).
-    Call under the study lock; also the storage's heartbeat-stale callback
-    (`open_storage(on_stale=...)`)."""
-    if not t.params or str(t.user_attrs.get("origin", "")).startswith(RERUN_ORIGIN):
-        return
-    if RECORD_ATTR in t.user_attrs:
-        return
-    origin = f"{RERUN_ORIGIN}{t.number}"
-    if any(o.user_attrs.get("origin") == origin for o in study.get_trials(deepcopy=False)):
-        return
-    study.enqueue_trial(dict(t.params), user_attrs={"origin": origin})
+    """Enqueue the candidate of the interrupted trial `t` once more (`candidate_params`), so
+    it is measured after all (once: `_rerun_due`). Not `skip_if_exists`: Optuna would skip
+    it, as params of an existing (failed) trial. Call under the study lock; also the
+    storage's heartbeat-stale callback (`open_storage(on_stale=...)`)."""
+    if _rerun_due(t, _origins(study)):
+        _enqueue(study, t)
+
+
+def _enqueue(study: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
+    study.enqueue_trial(candidate_params(t), user_attrs={"origin": f"{RERUN_ORIGIN}{t.number}"})
 
 
 Recover = Callable[[optuna.trial.FrozenTrial], TrialRecord | None]
@@ -413,8 +433,10 @@ def reclaim_interrupted(
     locked_: bool,
     recover: Recover | None = None,
     storage: optuna.storages.BaseStorage | None = None,
+    stopping: str = "",
 ) -> None:
-    """Close the trials left RUNNING by dead workers.
+    """Close the trials left RUNNING by dead workers (and by `stopping`, this process's
+    worker when it stops on an interrupt, as if it were dead).
 
     This host's workers whose process is gone are closed at once: a trial that stored its
     record (killed between record and tell) with the record's state; one that did not, but
@@ -423,12 +445,15 @@ def reclaim_interrupted(
     once more (`enqueue_rerun`). Under the study lock a RUNNING trial with no worker yet was
     asked by a killed process too (ask and mark happen under the lock). Then any host's:
     Optuna fails each trial whose heartbeat is older than `GRACE_S` and the storage's callback
-    enqueues its re-run. A FAIL trial with no record is what an interrupted trial is; the
-    study's view gives it its `interrupted` row. `storage` (the study's) is where a recovered
-    record is stored; without it nothing is recovered."""
+    enqueues its re-run. Last, under the study lock, an interrupted trial whose re-run a
+    killed worker did not get to enqueue gets it (`_enqueue_missing_reruns`). A FAIL trial
+    with no record is what an interrupted trial is; the study's view gives it its
+    `interrupted` row. `storage` (the study's) is where a recovered record is stored; without
+    it nothing is recovered."""
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         worker = str(t.user_attrs.get("worker", ""))
-        if (worker and alive(worker)) or (not worker and not locked_):
+        mine = bool(stopping) and worker == stopping
+        if not mine and ((worker and alive(worker)) or (not worker and not locked_)):
             continue
         rec = record_of(t)
         if rec is None and recover is not None and storage is not None:
@@ -451,6 +476,22 @@ def reclaim_interrupted(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+    if locked_:
+        _enqueue_missing_reruns(study)
+
+
+def _enqueue_missing_reruns(study: optuna.Study) -> None:
+    """Enqueue the re-run of each interrupted trial that has none: a worker killed after it
+    closed a dead worker's trial as FAIL and before it enqueued the re-run (here, or in
+    Optuna's `fail_stale_trials`, which fails every stale trial before it calls back) left
+    the candidate unmeasured for good, as nothing above looks at a trial once it has ended.
+    Under the study lock only: two workers of a server storage would enqueue it twice."""
+    trials = study.get_trials(deepcopy=False)
+    origins = {str(o.user_attrs.get("origin", "")) for o in trials}
+    for t in trials:
+        if t.state is optuna.trial.TrialState.FAIL and _rerun_due(t, origins):
+            _enqueue(study, t)
+            origins.add(f"{RERUN_ORIGIN}{t.number}")
 
 
 class Heartbeat:

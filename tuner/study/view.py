@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import UserError
-from tuner.fileio import write_atomic
+from tuner.fileio import remove_leftovers, write_atomic
 from tuner.results import COLUMNS, SCHEMA_VERSION, TrialRecord, _fmt, locked
 
 
@@ -163,7 +163,8 @@ def write_leaderboard(
         lines.append((n, line))
     lines.sort(key=lambda x: x[0])
     text = _HEADER + "".join(line for _, line in lines)
-    with locked(path):
+    with locked(path):  # every writer of a leaderboard holds it (results.locked)
+        remove_leftovers(path)
         if skip_unchanged and _holds(path, text):
             return 0
         write_atomic(path, text)
