@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.runners.megatron_worker.protocol import LEAVING, READY, done_path, write_request
-from tuner.runners.process import stop_group
+from tuner.runners.process import reaped, stop_group
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,7 +82,7 @@ class WorkerPool:
         self.starts += 1
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [*self.command, "--pool", str(self.folder)],
+                reaped([*self.command, "--pool", str(self.folder)]),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},

@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,15 @@ def log_tail(path: str | Path, n_bytes: int) -> str:
 
 Launch = Callable[..., ProcessResult]
 
+REAPER = Path(__file__).with_name("reaper.py")
+
+
+def reaped(cmd: Sequence[str]) -> list[str]:
+    """`cmd` led by tuner.runners.reaper: started in a process group of its own (the caller's
+    start_new_session), the group ends when this process dies, even by SIGKILL, instead of
+    holding the GPUs beside a resumed study's launches."""
+    return [sys.executable, str(REAPER), str(os.getpid()), *cmd]
+
 
 def run_process(
     cmd: Sequence[str],
@@ -58,13 +68,14 @@ def run_process(
 ) -> ProcessResult:
     """Run `cmd` in its own process group, stdout+stderr to `log_path`; on timeout the whole
     group gets SIGTERM, then SIGKILL 10 s later. `poll`, called every `poll_s` while it runs,
-    returning True stops it the same way (`stopped`)."""
+    returning True stops it the same way (`stopped`). The group ends with this process
+    (`reaped`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {})}
     start = time.monotonic()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            list(cmd),
+            reaped(cmd),
             stdout=log,
             stderr=subprocess.STDOUT,
             env=full_env,
