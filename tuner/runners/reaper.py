@@ -44,9 +44,7 @@ def main(argv: list[str]) -> int:
             break
         except subprocess.TimeoutExpired:
             if os.getppid() != parent:
-                _end_group(child)
-                rc = child.wait()
-                break
+                _end_group(child)  # ends this process too
     if rc < 0:
         if -rc in (signal.SIGTERM, signal.SIGINT):  # ignored above; SIGKILL has no handler
             signal.signal(-rc, signal.SIG_DFL)
@@ -56,19 +54,15 @@ def main(argv: list[str]) -> int:
 
 
 def _end_group(child: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the group but this process, SIGKILL to what is left GRACE_S later."""
+    """SIGTERM to the group (ignored by this process), then, once COMMAND has ended or GRACE_S
+    later, SIGKILL to the whole group: COMMAND if it is still there, what it started in the
+    group and did not wait for, and this process, so it does not return."""
     group = os.getpgrp()
-    try:
-        os.killpg(group, signal.SIGTERM)  # ignored here
-        deadline = time.monotonic() + GRACE_S
-        while child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if child.poll() is None:
-            child.kill()
-        # what the launch started in the group besides COMMAND (workers it did not wait for)
-        os.killpg(group, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    os.killpg(group, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(group, signal.SIGKILL)
 
 
 if __name__ == "__main__":
