@@ -340,13 +340,15 @@ def check_storage_url(text: str, flag: str = "--storage") -> Path | None:
     return Path(path)
 
 
-def check_stored_storage(text: str, flag: str = "--storage") -> None:
+def check_stored_storage(text: str, flag: str = "--storage") -> Path | None:
     """A storage a command only reads or adds to (`tune report`, `tune reread`): a server's
     URL, or a file that is there and is an Optuna storage. An empty or missing file was
-    opened all the same, and Optuna created its tables in it."""
+    opened all the same, and Optuna created its tables in it. Returns the file, None for a
+    server's URL (check_storage_url)."""
     path = check_storage_url(text, flag)
     if path is not None:
         check_existing_storage(path, flag)
+    return path
 
 
 def check_existing_storage(path: Path, flag: str) -> None:
@@ -498,11 +500,10 @@ def _check_report(args: argparse.Namespace) -> None:
     for ref in refs:
         check_leaderboard(ref, "--reference")
     storage = getattr(args, "storage", None) or ""
-    if storage:
-        check_stored_storage(storage)
     reads = [Path(args.csv), *refs]
-    if storage and (storage.startswith("sqlite:///") or "://" not in storage):
-        reads.append(Path(storage.removeprefix("sqlite:///")))
+    stored = check_stored_storage(storage) if storage else None
+    if stored is not None:
+        reads.append(stored)
     out = getattr(args, "out", None)
     if out is None:
         check_writable_dir(
