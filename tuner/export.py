@@ -88,4 +88,5 @@ def export_recipe(
         pinned=pinned_knobs(row.get("source", ""), row.get("extra", "")),
         runner=row.get("source", ""),
     )
-    return recipes.write(recipe, recipes_dir / recipes._slug(model.name), suffix=f"t{row['trial']}")
+    folder = recipes.model_folder(recipes_dir, model.name)
+    return recipes.write(recipe, folder, suffix=f"t{row['trial']}")

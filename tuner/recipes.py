@@ -41,6 +41,11 @@ def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name.lower()).strip("-")
 
 
+def model_folder(recipes_dir: Path | str, model_name: str) -> Path:
+    """The folder under `recipes_dir` that a model's recipes are written to (`write`)."""
+    return Path(recipes_dir) / _slug(model_name)
+
+
 def _quote(arg: str) -> str:
     """Double quotes where the value holds a ${VAR} the shell must expand, else shlex quoting."""
     if "${" in arg:

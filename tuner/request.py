@@ -132,7 +132,7 @@ def check_request_paths(req: Any) -> None:
     check_writable_file(csv_path, f"leaderboard of study {req.name}:")
     check_writable_dir(Path(req.results_dir) / req.name, f"trial folder of study {req.name}:")
     if req.recipes:
-        folder = Path(req.recipes_dir) / recipes._slug(req.model.name)
+        folder = recipes.model_folder(req.recipes_dir, req.model.name)
         check_writable_dir(folder, f"recipe folder of model {req.model.name}:")
     locks = [lock_of(csv_path)]  # results.upsert_row and the study's CSV view
     storage = check_storage_url(str(req.storage_url))

@@ -195,11 +195,15 @@ class _Study:
                 )
             self.write_view()
 
-    def running(self, number: int) -> bool:
-        """Whether trial `number` is RUNNING in the storage now (not closed by another)."""
+    def stored(self, number: int) -> optuna.trial.FrozenTrial:
+        """Trial `number` as the storage holds it now."""
         sid = self.storage.get_study_id_from_name(self.req.name)
         tid = self.storage.get_trial_id_from_study_id_trial_number(sid, number)
-        return self.storage.get_trial(tid).state is optuna.trial.TrialState.RUNNING
+        return self.storage.get_trial(tid)
+
+    def running(self, number: int) -> bool:
+        """Whether trial `number` is RUNNING in the storage now (not closed by another)."""
+        return self.stored(number).state is optuna.trial.TrialState.RUNNING
 
     def keep_closed(
         self,
@@ -214,10 +218,7 @@ class _Study:
         of its own with the same params (the re-run then copies it, `repeat_of`, rather than
         launch it again), unless the record was stored before the trial was closed (its row
         is there; a finished trial cannot change). Returns the record as stored."""
-        sid = self.storage.get_study_id_from_name(self.req.name)
-        closed = self.storage.get_trial(
-            self.storage.get_trial_id_from_study_id_trial_number(sid, trial.number)
-        )
+        closed = self.stored(trial.number)
         if RECORD_ATTR in closed.user_attrs:
             return rec
         template = optuna.trial.create_trial(
@@ -226,6 +227,7 @@ class _Study:
             distributions=closed.distributions,
             user_attrs={k: v for k, v in closed.user_attrs.items() if k in ("origin", "worker")},
         )
+        sid = self.storage.get_study_id_from_name(self.req.name)
         with self.lock():  # RUNNING with its worker at once: no reclaim takes it for a dead one
             tid = self.storage.create_new_trial(sid, template_trial=template)
         number = self.storage.get_trial_number_from_id(tid)
@@ -552,7 +554,7 @@ def write_best_recipes(req: TuneRequest, s: _Study) -> list[Path]:
             runner=row["source"],
         )
         path = recipes.write(
-            recipe, req.recipes_dir / recipes._slug(req.model.name), suffix=f"t{row['trial']}"
+            recipe, recipes.model_folder(req.recipes_dir, req.model.name), suffix=f"t{row['trial']}"
         )
         by_trial[row["trial"]] = str(path)
         paths.append(path)

@@ -406,8 +406,8 @@ def _rerun_due(t: optuna.trial.FrozenTrial, origins: set[str]) -> bool:
     return f"{RERUN_ORIGIN}{t.number}" not in origins
 
 
-def _origins(study: optuna.Study) -> set[str]:
-    return {str(o.user_attrs.get("origin", "")) for o in study.get_trials(deepcopy=False)}
+def _origins(trials: list[optuna.trial.FrozenTrial]) -> set[str]:
+    return {str(o.user_attrs.get("origin", "")) for o in trials}
 
 
 def enqueue_rerun(study: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
@@ -415,7 +415,7 @@ def enqueue_rerun(study: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
     it is measured after all (once: `_rerun_due`). Not `skip_if_exists`: Optuna would skip
     it, as params of an existing (failed) trial. Call under the study lock; also the
     storage's heartbeat-stale callback (`open_storage(on_stale=...)`)."""
-    if _rerun_due(t, _origins(study)):
+    if _rerun_due(t, _origins(study.get_trials(deepcopy=False))):
         _enqueue(study, t)
 
 
@@ -487,7 +487,7 @@ def _enqueue_missing_reruns(study: optuna.Study) -> None:
     the candidate unmeasured for good, as nothing above looks at a trial once it has ended.
     Under the study lock only: two workers of a server storage would enqueue it twice."""
     trials = study.get_trials(deepcopy=False)
-    origins = {str(o.user_attrs.get("origin", "")) for o in trials}
+    origins = _origins(trials)
     for t in trials:
         if t.state is optuna.trial.TrialState.FAIL and _rerun_due(t, origins):
             _enqueue(study, t)
