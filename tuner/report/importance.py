@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -37,12 +36,6 @@ def storage_url(label: str) -> str:
     return label
 
 
-def _storage_file(url: str) -> Path | None:
-    if url.startswith("sqlite:///"):
-        return Path(url.removeprefix("sqlite:///"))
-    return None if "://" in url else Path(url)
-
-
 def _open_study(s: Study, storage: str | None) -> tuple[Any, str, str]:
     """(optuna study or None, a sentence on where it came from or why not, the storage's URL
     or path: '' when none). The storage:
@@ -59,9 +52,11 @@ def _open_study(s: Study, storage: str | None) -> tuple[Any, str, str]:
         candidates = [storage_url(named)] if named else []
         for beside in (s.csv.with_suffix(".sqlite3"), s.csv.parent / "studies.sqlite3"):
             candidates.append(f"sqlite:///{beside}")
+    from tuner.study.storage import file_of
+
     url = ""
     for c in candidates:
-        f = _storage_file(c)
+        f, _ = file_of(c)
         # an empty file is no storage: opening it, Optuna would create its tables there
         if f is None or (f.is_file() and f.stat().st_size > 0):
             url = c

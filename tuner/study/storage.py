@@ -53,7 +53,7 @@ JOURNAL_LOCK_GRACE_S = 5
 not changed for this long was left by a killed worker and is broken."""
 
 
-def _file_of(url: str) -> tuple[Path | None, bool]:
+def file_of(url: str) -> tuple[Path | None, bool]:
     """(the storage file, is it a journal) for a path or sqlite:/// URL; (None, False) else."""
     if "://" not in url:
         path = Path(url)
@@ -66,7 +66,7 @@ def _file_of(url: str) -> tuple[Path | None, bool]:
 def storage_label(url: str) -> str:
     """The storage's name as leaderboards record it: an absolute file path for file storages,
     the URL without its password otherwise."""
-    path, journal = _file_of(url)
+    path, journal = file_of(url)
     if path is not None:
         return f"{'journal' if journal else 'sqlite'}:{path.resolve()}"
     scheme, _, rest = url.partition("://")
@@ -171,7 +171,7 @@ def open_storage(url: str, on_stale: StaleCallback | None = None) -> optuna.stor
     With `on_stale`, an RDB storage has Optuna's heartbeat on (`HEARTBEAT_S`, `GRACE_S`) and
     calls `on_stale(study, trial)` for each trial `fail_stale_trials` fails (a study's
     workers; readers pass none). Optuna's journal storage has no heartbeat."""
-    path, journal = _file_of(url)
+    path, journal = file_of(url)
     if path is not None:
         _check_file(path, journal)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -262,7 +262,7 @@ def study_lock(url: str, study: str) -> Iterator[bool]:
     """An exclusive lock of one study on a file storage (held across processes of this host
     and of hosts sharing the file system); yields True. For server storages (PostgreSQL,
     MySQL) yields False without locking: their workers count and enqueue best-effort."""
-    path, _ = _file_of(url)
+    path, _ = file_of(url)
     if path is None:
         yield False
         return
