@@ -10,6 +10,13 @@ verl's tracking.py is loaded from the installed verl by path: importing the `ver
   die    log step 1, then the process kills itself (SIGKILL: no traceback)
   hang   log step 1, then sleep until killed
   config print a recorded Hydra override error and exit 1 (before any step)
+  prompt1 as ok, but every prompt is measured as 1 token (a tokenizer that lost its words)
+
+The lengths it reports are the data's: `meta.json` beside `data.train_files` (the synthetic
+prompts' length) and, as verl runs them, each response the `data.max_response_length` cap where
+`rollout.ignore_eos` holds, cut at its row's drawn length (`response_caps`) where the agent
+loop of `rollout.agent.agent_loop_config_path` would cut it; step s reads rows s*batch.. in
+order (`data.shuffle=False`).
 """
 
 from __future__ import annotations
@@ -23,6 +30,31 @@ from pathlib import Path
 from typing import Any
 
 DATA = Path(__file__).resolve().parent / "data" / "verl_logs"
+
+
+def lengths(ov: dict[str, str], step: int) -> dict[str, float]:
+    """The step's measured prompt and response means, from the data as verl would run it."""
+    import json
+
+    train = Path(ov.get("data.train_files", ""))
+    meta_file = train.parent / "meta.json"
+    out: dict[str, float] = {}
+    if meta_file.is_file():
+        out["prompt_length/mean"] = float(json.loads(meta_file.read_text())["prompt_tokens"])
+    cap = float(ov.get("data.max_response_length", "2048"))
+    if ov.get("actor_rollout_ref.rollout.ignore_eos") != "True":
+        return out
+    out["response_length/mean"] = cap
+    if ov.get("actor_rollout_ref.rollout.agent.agent_loop_config_path") and train.is_file():
+        import pyarrow.parquet as pq
+
+        batch = int(ov["data.train_batch_size"])
+        rows = pq.read_table(train).column("response_caps").to_pylist()[
+            (step - 1) * batch : step * batch
+        ]
+        flat = [min(cap, x) for caps in rows for x in caps]
+        out["response_length/mean"] = sum(flat) / len(flat)
+    return out
 
 
 def metrics(step: int) -> dict[str, float]:
@@ -77,10 +109,12 @@ def main(argv: list[str]) -> int:
     )
     steps = int(ov.get("trainer.total_training_steps", "3"))
     for step in range(1, steps + 1):
-        data = metrics(step)
+        data = {**metrics(step), **lengths(ov, step)}
+        if mode == "prompt1":
+            data["prompt_length/mean"] = 1.0
         tracking.log(data=data, step=step)
         print(" - ".join([f"step:{step}", *(f"{k}:{v}" for k, v in data.items())]), flush=True)
-        if mode != "ok":
+        if mode not in ("ok", "prompt1"):
             break
     sys.stdout.flush()
     if mode == "oom":

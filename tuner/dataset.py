@@ -22,15 +22,30 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tuner.errors import UserError
 
-SCHEMA_VERSION = 1
+if TYPE_CHECKING:
+    from tuner.workload import Workload
+
+SCHEMA_VERSION = 2
+"""2: `response_caps` and `agent_name` columns where responses are drawn (`agent_loops.yaml`)."""
 DATA_SOURCE = "verl-tuner/synthetic"
 TRAIN_FILE = "train.parquet"
 REWARD_FILE = "reward.py"
 META_FILE = "meta.json"
+AGENT_LOOPS_FILE = "agent_loops.yaml"
+DRAWN_AGENT = "verl_tuner_drawn"
+"""The agent loop (tuner/verl_agent_loop.py) that caps each response at its drawn length, under
+the name the rows' `agent_name` column picks (verl 0.9.1 experimental/agent_loop/agent_loop.py:
+AgentLoopWorker reads `rollout.agent.agent_loop_config_path`, a list of {name, _target_}, into
+its registry, and runs each sample with the loop its `agent_name` names)."""
+DRAWN_AGENT_TARGET = "tuner.verl_agent_loop.DrawnLengthAgentLoop"
+DRAW_SEED = 0
+"""Seed of a synthetic dataset's drawn response lengths: step s draws with DRAW_SEED + s, the
+draw tuner.lengths.prompt_and_response_lengths makes, so each step's caps have the workload's
+mean to the token."""
 TRUNCATION_MARGIN_WORDS = 32
 """Extra words when prompts are cut to the maximum by verl: covers a chat template's tokens."""
 
@@ -117,16 +132,24 @@ class Dataset:
     exact: bool = False
     """Synthetic: whether every prompt was built to the target length with the tokenizer (or is
     cut to it by verl, when the target is the maximum)."""
+    response_caps_mean: float | None = None
+    """Synthetic with drawn responses: the mean of the lengths the rows ask for (every step's
+    rows have the same mean); None where responses are not drawn."""
+    agent_loops: Path | None = None
+    """The agent-loop config (`agent_loops.yaml`) of drawn responses, else None."""
 
     def describe(self) -> dict[str, Any]:
         """For the trial's `extra` column."""
         if not self.synthetic:
             return {"dataset": str(self.train_file)}
-        return {
+        out: dict[str, Any] = {
             "dataset": "synthetic",
             "prompt_tokens": self.prompt_tokens,
             "prompt_tokens_exact": self.exact,
         }
+        if self.response_caps_mean is not None:
+            out["response_mean_asked"] = round(self.response_caps_mean, 2)
+        return out
 
 
 def user_dataset(train_file: Path, reward_fn: Path | None = None) -> Dataset:
@@ -189,8 +212,13 @@ def write_synthetic(
     rows: int,
     seed: int = 0,
     tokenizer: ChatTokenizer | None = None,
+    response_caps: list[list[int]] | None = None,
 ) -> Dataset:
     """Write (once) `root/<name>/train.parquet` and `reward.py`; return where they are.
+
+    `response_caps`: one list of n lengths per row (`draw_response_caps`); the rows then name
+    the DRAWN_AGENT loop, which caps the k-th response to a row at its k-th length, and the
+    folder holds the loop's config (AGENT_LOOPS_FILE).
 
     The folder is built aside and renamed into place, so concurrent trials and a kill at any
     moment leave either no folder or a whole one."""
@@ -198,6 +226,8 @@ def write_synthetic(
         raise ValueError(f"prompt_tokens({prompt_tokens}) must lie in 1..{max_prompt_len}")
     if rows < 1:
         raise ValueError(f"rows({rows}) must be at least 1")
+    if response_caps is not None and len(response_caps) != rows:
+        raise ValueError(f"response_caps has {len(response_caps)} rows, the dataset {rows}")
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -208,10 +238,12 @@ def write_synthetic(
     by_truncation = tokenizer is None and prompt_tokens == max_prompt_len
     mode = "tok" if tokenizer is not None else ("cut" if by_truncation else "words")
     name = f"synthetic-p{prompt_tokens}-m{max_prompt_len}-r{rows}-s{seed}-{mode}"
+    if response_caps is not None:
+        name += f"-drawn{_caps_digest(response_caps)}"
     final = root / name
     if (final / META_FILE).is_file():
-        meta = json.loads((final / META_FILE).read_text())
-        return _dataset(final, meta)
+        found = json.loads((final / META_FILE).read_text())
+        return _dataset(final, found)
 
     rng = random.Random(seed)
     overhead = _prompt_len(tokenizer, "") if tokenizer is not None else 0
@@ -226,16 +258,18 @@ def write_synthetic(
             words = [rng.choice(WORDS) for _ in range(count)]
         prompts.append([{"role": "user", "content": " ".join(words)}])
     exact = exact if tokenizer is not None else by_truncation
-    table = pa.table(
-        {
-            "data_source": [DATA_SOURCE] * rows,
-            "prompt": prompts,
-            "ability": ["synthetic"] * rows,
-            "reward_model": [{"style": "rule", "ground_truth": ""}] * rows,
-            "extra_info": [{"split": "train", "index": i} for i in range(rows)],
-        }
-    )
-    meta = {
+    columns: dict[str, Any] = {
+        "data_source": [DATA_SOURCE] * rows,
+        "prompt": prompts,
+        "ability": ["synthetic"] * rows,
+        "reward_model": [{"style": "rule", "ground_truth": ""}] * rows,
+        "extra_info": [{"split": "train", "index": i} for i in range(rows)],
+    }
+    if response_caps is not None:
+        columns["agent_name"] = [DRAWN_AGENT] * rows
+        columns["response_caps"] = [[int(x) for x in caps] for caps in response_caps]
+    table = pa.table(columns)
+    meta: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "prompt_tokens": prompt_tokens,
         "max_prompt_len": max_prompt_len,
@@ -244,6 +278,9 @@ def write_synthetic(
         "exact": exact,
         "length_by": mode,
     }
+    if response_caps is not None:
+        flat = [x for caps in response_caps for x in caps]
+        meta["response_caps_mean"] = sum(flat) / len(flat)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -251,6 +288,10 @@ def write_synthetic(
     try:
         pq.write_table(table, tmp / TRAIN_FILE)
         (tmp / REWARD_FILE).write_text(REWARD_SOURCE)
+        if response_caps is not None:
+            (tmp / AGENT_LOOPS_FILE).write_text(
+                f"- name: {DRAWN_AGENT}\n  _target_: {DRAWN_AGENT_TARGET}\n"
+            )
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")
         with contextlib.suppress(FileExistsError, OSError):
             os.rename(tmp, final)  # fails if another trial got there first: keep theirs
@@ -260,10 +301,35 @@ def write_synthetic(
 
 
 def _dataset(folder: Path, meta: dict[str, Any]) -> Dataset:
+    caps_mean = meta.get("response_caps_mean")
     return Dataset(
         train_file=folder / TRAIN_FILE,
         reward_fn=folder / REWARD_FILE,
         synthetic=True,
         prompt_tokens=int(meta["prompt_tokens"]),
         exact=bool(meta["exact"]),
+        response_caps_mean=float(caps_mean) if caps_mean is not None else None,
+        agent_loops=folder / AGENT_LOOPS_FILE if caps_mean is not None else None,
     )
+
+
+def draw_response_caps(workload: Workload, steps: int) -> list[list[int]]:
+    """The drawn response lengths of a synthetic dataset of `steps` x batch rows, one list of n
+    per row: step s's rows are the draw tuner.lengths.prompt_and_response_lengths makes with
+    seed DRAW_SEED + s (the fast runner's draw of the same seed), a prompt's n responses
+    adjacent. verl must read the rows in order (`data.shuffle=False`) for step s to run them."""
+    from tuner.lengths import prompt_and_response_lengths
+
+    out: list[list[int]] = []
+    for s in range(steps):
+        _, rlens = prompt_and_response_lengths(workload, workload.batch_size, DRAW_SEED + s)
+        n = workload.n
+        out += [rlens[i * n : (i + 1) * n] for i in range(workload.batch_size)]
+    return out
+
+
+def _caps_digest(caps: list[list[int]]) -> str:
+    import hashlib
+
+    text = ";".join(",".join(str(x) for x in row) for row in caps)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]

@@ -8,6 +8,7 @@ import importlib.util
 import os
 import stat
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,10 @@ def test_ok_trial_reads_step_3(tmp_path: Path) -> None:
     assert (res.peak_mem_gib, res.peak_mem_reserved_gib) == (60.5, 70.25)
     assert "verl=0.9.1" in res.versions
     assert res.extra["metrics"] == "file" and res.extra["step"] == 3
-    assert res.extra["response_mode"] == "natural"
-    assert res.extra["response_length_mean"] == 1536.0
+    assert res.extra["response_mode"] == "drawn"
+    asked = res.extra["response_mean_asked"]
+    assert asked == pytest.approx(spec.workload.mean_response_len, abs=0.01)
+    assert res.extra["response_length_mean"] == pytest.approx(asked, abs=0.5)
     assert res.extra["dataset"] == "synthetic"
     trial = spec.trial_dir.resolve()
     assert res.log_path == str(trial / "verl.log")
@@ -224,3 +227,69 @@ def test_device_peak_is_the_largest_sample_of_any_gpu(tmp_path: Path) -> None:
     assert read_device_peak(tmp_path / "none.csv") is None
     f.write_text("")
     assert read_device_peak(f) is None
+
+
+def test_drawn_responses_have_a_tail_and_their_loop(tmp_path: Path) -> None:
+    """Responses drawn from the workload's length model: each row of the data carries the n
+    lengths of its responses (a long tail, each step's mean the workload's), the rows name the
+    capping agent loop, whose config lies beside the data, and verl is told to run it (EOS
+    ignored, rows in order); the trial's PYTHONPATH leads to this tuner for verl's workers."""
+    import pyarrow.parquet as pq
+
+    spec = spec_for(tmp_path)
+    w = spec.workload
+    res = runner("ok").run(spec)
+    assert res.status is Status.OK, res.reason
+    (ds,) = (tmp_path / "results" / "study" / "data").iterdir()
+    table = pq.read_table(ds / "train.parquet").to_pydict()
+    assert set(table["agent_name"]) == {"verl_tuner_drawn"}
+    caps = table["response_caps"]
+    assert len(caps) == w.batch_size * 3 and all(len(c) == w.n for c in caps)
+    for step in range(3):
+        flat = [x for c in caps[step * w.batch_size : (step + 1) * w.batch_size] for x in c]
+        assert sum(flat) / len(flat) == pytest.approx(w.mean_response_len, abs=0.01)
+        assert max(flat) > 2 * w.mean_response_len and min(flat) < w.mean_response_len / 4
+    loops = (ds / "agent_loops.yaml").read_text()
+    assert "name: verl_tuner_drawn" in loops
+    assert "_target_: tuner.verl_agent_loop.DrawnLengthAgentLoop" in loops
+    cmd = (spec.trial_dir.resolve() / "command.sh").read_text()
+    assert f"actor_rollout_ref.rollout.agent.agent_loop_config_path={ds / 'agent_loops.yaml'}" in cmd
+    assert "actor_rollout_ref.rollout.ignore_eos=True" in cmd and "data.shuffle=False" in cmd
+    root = str(Path(__import__("tuner").__file__).resolve().parent.parent)
+    assert f"export PYTHONPATH={root}" in cmd
+
+
+def test_fixed_responses_run_no_loop(tmp_path: Path) -> None:
+    spec = spec_for(tmp_path)
+    w = spec.workload
+    spec = replace(spec, workload=w.with_overrides(response_mean=w.response_len))
+    res = runner("ok").run(spec)
+    assert res.status is Status.OK, res.reason
+    assert res.extra["response_mode"] == "fixed" and "response_mean_asked" not in res.extra
+    assert res.extra["response_length_mean"] == w.response_len
+    cmd = (spec.trial_dir.resolve() / "command.sh").read_text()
+    assert "agent_loop_config_path" not in cmd and "data.shuffle" not in cmd
+
+
+def test_a_row_is_the_workload_that_ran(tmp_path: Path) -> None:
+    """verl measured 1-token prompts where the data holds prompts of the workload's length: the
+    row keeps its measures but is not ok, and its reason names both lengths."""
+    spec = spec_for(tmp_path)
+    res = runner("prompt1").run(spec)
+    assert res.status is Status.FAILED and res.extra["failure"] == "workload"
+    target = round(spec.workload.mean_prompt_len)
+    assert res.reason == (
+        f"not the declared workload: verl measured a mean prompt of 1 tokens where {target} "
+        "were asked (more than 5% off)"
+    )
+    assert res.tokens_per_s_per_gpu == 1030.0
+
+
+def test_the_launch_timeline(tmp_path: Path) -> None:
+    """The log's clock splits the launch: start-up before step 1, teardown after the last."""
+    spec = spec_for(tmp_path)
+    res = runner("ok").run(spec)
+    clock = (spec.trial_dir.resolve() / "log-clock.csv").read_text().splitlines()
+    assert clock[0].startswith("# base ") and len(clock) >= 2
+    assert res.extra["startup_s"] == 0.0  # the stand-in logs step 1 at once, "101 s" long
+    assert 0 <= res.extra["teardown_s"] < 30

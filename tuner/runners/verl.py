@@ -30,6 +30,7 @@ from tuner import verl_command
 from tuner.dataset import (
     ChatTokenizer,
     Dataset,
+    draw_response_caps,
     load_tokenizer,
     user_dataset,
     write_synthetic,
@@ -62,6 +63,7 @@ from tuner.runners.verl_log import (
 )
 from tuner.runners.verl_preflight import Preflight, preflight, run_probe
 from tuner.runners.verl_probe import PACKAGES
+from tuner.runners.verl_timeline import CLOCK_NAME, LogClock, timeline
 from tuner.space import SpaceLimits
 from tuner.verl_settings import VerlSettings, bare_key
 
@@ -95,8 +97,12 @@ class VerlRunner(Runner):
     """Runs real verl trials; see the module docstring.
 
     Responses: the workload's `response_mean == response_len` means fixed-length responses
-    (vLLM ignores EOS, every response is `response_len` tokens); otherwise the model stops
-    where it stops. The row's `extra` says which, with the measured mean lengths."""
+    (vLLM ignores EOS, every response is `response_len` tokens). Otherwise, on the synthetic
+    dataset, each response is drawn from the workload's length model (a long tail; the rows
+    carry the lengths and tuner/verl_agent_loop.py caps each response at its own, EOS ignored:
+    `drawn`); on the user's data the model stops where it stops (`natural`). The row's `extra`
+    says which, with the measured mean lengths; a row whose measured prompt or response mean is
+    off what was asked by more than WORKLOAD_TOLERANCE is not ok."""
 
     name = "verl"
 
@@ -231,7 +237,9 @@ class VerlRunner(Runner):
         self.preflight()
 
     def command(self, spec: TrialSpec, data: Dataset) -> list[str]:
-        """The exact command of the trial (recipes render the same overrides)."""
+        """The exact command of the trial: the overrides recipes render, then the synthetic
+        data's own (DATA_OVERRIDES: drawn responses), which a recipe on the user's data has no
+        use for."""
         c, m, cl, w = spec.candidate, spec.model, spec.cluster, spec.workload
         ov = verl_command.overrides(
             c,
@@ -246,6 +254,7 @@ class VerlRunner(Runner):
             experiment=experiment_name(c, m, cl),
             settings=self.settings,
         )
+        ov.update(data_overrides(data))
         return [*self.entrypoint, *verl_command.override_args(ov)]
 
     def dataset(self, spec: TrialSpec) -> Dataset:
@@ -256,12 +265,14 @@ class VerlRunner(Runner):
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.model_path)
         target = max(1, min(w.prompt_len, round(w.mean_prompt_len)))
+        drawn = not verl_command.fixed_response_length(w)
         ds = write_synthetic(
             spec.trial_dir.resolve().parent.parent / "data",
             prompt_tokens=target,
             max_prompt_len=w.prompt_len,
             rows=w.batch_size * self.steps,
             tokenizer=self._tokenizer[0],
+            response_caps=draw_response_caps(w, self.steps) if drawn else None,
         )
         return replace(ds, reward_fn=self.reward_fn) if self.reward_fn else ds
 
@@ -276,6 +287,8 @@ class VerlRunner(Runner):
             "HYDRA_FULL_ERROR": "1",
             "PYTHONUNBUFFERED": "1",
         }
+        if data.agent_loops is not None:  # verl's agent-loop workers import tuner.verl_agent_loop
+            env["PYTHONPATH"] = _with_tuner_on_path(env.get("PYTHONPATH"))
         (trial_dir / COMMAND_NAME).write_text(
             "#!/usr/bin/env bash\n# the verl command of this trial, as the tuner ran it\n"
             + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
@@ -293,7 +306,10 @@ class VerlRunner(Runner):
             prologue=probe_line(self.python),
             workdir=trial_dir,
         )
-        with DeviceMemorySampler(trial_dir / SMI_LOG, enabled=self.launcher.name == "local"):
+        with (
+            DeviceMemorySampler(trial_dir / SMI_LOG, enabled=self.launcher.name == "local"),
+            LogClock(job.log_path, trial_dir / CLOCK_NAME),
+        ):
             res = self.launcher.launch(job)
         return self.result(spec, data, res, self.metrics_file(spec))
 
@@ -331,7 +347,7 @@ class VerlRunner(Runner):
         w = spec.workload
         extra: dict[str, Any] = {
             "launcher": self.launcher.name,
-            "response_mode": "fixed" if verl_command.fixed_response_length(w) else "natural",
+            "response_mode": response_mode(w, data),
             **data.describe(),
         }
         if res.job_id:
@@ -351,12 +367,22 @@ class VerlRunner(Runner):
         if got is not None:
             extra.update(got.extra, metrics=source, step=got.step)
             common.update(split_wall_time(steps, self.steps, res.duration_s, extra))
+            step_times = {s: d["timing_s/step"] for s, d in steps.items() if "timing_s/step" in d}
+            extra.update(
+                timeline(
+                    res.log_path, spec.trial_dir.resolve() / CLOCK_NAME, step_times, res.duration_s
+                )
+            )
             reason = ""
             if res.timed_out:
                 reason = f"step {got.step} measured; the run was stopped at the timeout"
             elif res.returncode not in (0, None):
                 reason = f"step {got.step} measured; verl then exited with {res.returncode}"
             measured: dict[str, Any] = {**common, **got.fields}
+            off = workload_mismatch(w, data, got.extra)
+            if off:
+                extra["failure"] = "workload"
+                return TrialResult(status=Status.FAILED, reason=off, extra=extra, **measured)
             return TrialResult(status=Status.OK, reason=reason, extra=extra, **measured)
         reached = last_step(steps)
         extra["last_step"] = reached
@@ -396,6 +422,67 @@ class VerlRunner(Runner):
         found = _GPU.findall(log)
         name = found[-1].strip() if found else f"{cl.gpu.name} (as requested)"
         return f"{cl.num_gpus}x {name}"
+
+
+WORKLOAD_TOLERANCE = 0.05
+"""How far verl's measured prompt or response mean may be off what the trial asked for."""
+
+
+def response_mode(w: Any, data: Dataset) -> str:
+    """`fixed` (every response the cap), `drawn` (each its length from the workload's model)
+    or `natural` (the model stops where it stops: the user's data)."""
+    if verl_command.fixed_response_length(w):
+        return "fixed"
+    return "drawn" if data.response_caps_mean is not None else "natural"
+
+
+def data_overrides(data: Dataset) -> dict[str, Any]:
+    """The synthetic data's own overrides: with drawn responses, the loop that caps them (its
+    config beside the data), EOS ignored so each response is its cap, and the rows read in
+    order so that step s runs the rows drawn for it (verl 0.9.1 data.shuffle defaults True)."""
+    if data.agent_loops is None:
+        return {}
+    return {
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(data.agent_loops),
+        "actor_rollout_ref.rollout.ignore_eos": True,
+        "data.shuffle": False,
+    }
+
+
+def workload_mismatch(w: Any, data: Dataset, measured: dict[str, Any]) -> str:
+    """Why a measured row is not the declared workload ('' where it is): verl's
+    `prompt_length/mean` against the synthetic prompts' length, its `response_length/mean`
+    against the fixed length or the mean of the drawn ones, each within WORKLOAD_TOLERANCE."""
+    checks: list[tuple[str, str, float]] = []
+    if data.synthetic:  # built to the length (exact), or one word a token (approximate)
+        checks.append(("prompt", "prompt_length_mean", float(data.prompt_tokens)))
+    mode = response_mode(w, data)
+    if mode == "fixed":
+        checks.append(("response", "response_length_mean", float(w.response_len)))
+    elif mode == "drawn" and data.response_caps_mean is not None:
+        checks.append(("response", "response_length_mean", data.response_caps_mean))
+    for what, key, asked in checks:
+        got = measured.get(key)
+        if got is None or asked <= 0:
+            continue
+        if abs(float(got) - asked) > WORKLOAD_TOLERANCE * asked:
+            return (
+                f"not the declared workload: verl measured a mean {what} of {float(got):.0f} "
+                f"tokens where {asked:.0f} were asked (more than "
+                f"{WORKLOAD_TOLERANCE:.0%} off)"
+            )
+    return ""
+
+
+def _with_tuner_on_path(pythonpath: str | None) -> str:
+    """PYTHONPATH with the folder holding this tuner package first."""
+    import os
+
+    import tuner
+
+    root = str(Path(tuner.__file__).resolve().parent.parent)
+    rest = pythonpath if pythonpath is not None else os.environ.get("PYTHONPATH", "")
+    return os.pathsep.join([root, *([rest] if rest else [])])
 
 
 SMI_LOG = "device-memory.csv"
