@@ -12,6 +12,8 @@
 # budgets matter): Qwen3-1.7B's architecture (scripts/models/qwen3-1.7b, random bf16 weights and
 # an offline tokenizer of its whole vocabulary: scripts/verl_model.py), prompts of 256 tokens,
 # responses of exactly 4096 (ignore_eos), 8 prompts x 4 responses, mini batch 4 (2 updates).
+# MODEL_CONFIG (a config.json), WORKLOAD (tune's workload options), GPUS (default: every GPU of
+# the host) and STUDY (default verl4k-<gpu>-x<GPUS>) set another study.
 # RESUME_FROM=<an earlier RESULTS folder or pack>: the study goes on from its storage; RESULTS must
 # then be the folder the study began in (its CSV names its storage there): /tmp/vt-res4 for the
 # committed results/verl4k-h100-x1 (copy its .sqlite3 as studies.sqlite3 beside the CSV).
@@ -21,10 +23,15 @@ cmd=${1:?give start, status or pack}
 res=${2:?give a results folder}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 SITE=${SITE:-/tmp/gpu-site}
-MODEL_DIR=${MODEL_DIR:-/tmp/verl-qwen3-1.7b}
+MODEL_CONFIG=${MODEL_CONFIG:-scripts/models/qwen3-1.7b/config.json}
+MODEL_DIR=${MODEL_DIR:-/tmp/verl-$(basename "$(dirname "$MODEL_CONFIG")")}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 case $gpu in *H200*) kind=h200 ;; *H100*) kind=h100 ;; *) kind=h100 ;; esac
-study=${STUDY:-verl4k-$kind-x1}
+GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+[ "${GPUS:-0}" -ge 1 ] 2>/dev/null || GPUS=1
+study=${STUDY:-verl4k-$kind-x$GPUS}
+# WORKLOAD: the workload options (word-split); the default is verl4k's
+WORKLOAD=${WORKLOAD:---workload dapo-math --prompt-len 256 --prompt-mean 256 --response-len 4096 --response-mean 4096 --batch 8 --n 4 --mini-batch 4}
 
 case $cmd in
   start)
@@ -37,13 +44,13 @@ case $cmd in
     # the code of this call, copied: later calls re-send the working tree under a running study
     rm -rf /tmp/vt-repo && cp -r "$repo" /tmp/vt-repo && cd /tmp/vt-repo || exit 1
     export PYTHONPATH=$SITE:/tmp/vt-repo
-    [ -f "$MODEL_DIR/model.safetensors" ] ||
-      python3 scripts/verl_model.py scripts/models/qwen3-1.7b/config.json "$MODEL_DIR" || exit 1
+    ls "$MODEL_DIR"/*.safetensors >/dev/null 2>&1 ||
+      python3 scripts/verl_model.py "$MODEL_CONFIG" "$MODEL_DIR" || exit 1
+    # shellcheck disable=SC2086
     setsid nohup python3 -m tuner --runner verl --verl-bridge mbridge \
-      --model scripts/models/qwen3-1.7b/config.json --model-path "$MODEL_DIR" \
-      --gpus 1 --gpus-per-node 1 --gpu "$kind" --workload dapo-math \
-      --prompt-len 256 --prompt-mean 256 --response-len 4096 --response-mean 4096 \
-      --batch 8 --n 4 --mini-batch 4 --verl-example --trials "$trials" --timeout "$budget" \
+      --model "$MODEL_CONFIG" --model-path "$MODEL_DIR" \
+      --gpus "$GPUS" --gpus-per-node "$GPUS" --gpu "$kind" $WORKLOAD \
+      --verl-example --trials "$trials" --timeout "$budget" \
       --trial-timeout 900 --study "$study" --results-dir "$res" --recipes-dir "$res/recipes" \
       --no-progress ${EXTRA:-} > "$res/$study.console.log" 2>&1 < /dev/null &
     echo "gpu_verl_study: $study started (pid $!), budget $budget s, console $res/$study.console.log"

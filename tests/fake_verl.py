@@ -49,9 +49,11 @@ def lengths(ov: dict[str, str], step: int) -> dict[str, float]:
         import pyarrow.parquet as pq
 
         batch = int(ov["data.train_batch_size"])
-        rows = pq.read_table(train).column("response_caps").to_pylist()[
-            (step - 1) * batch : step * batch
-        ]
+        rows = (
+            pq.read_table(train)
+            .column("response_caps")
+            .to_pylist()[(step - 1) * batch : step * batch]
+        )
         flat = [min(cap, x) for caps in rows for x in caps]
         out["response_length/mean"] = sum(flat) / len(flat)
     return out

@@ -123,7 +123,35 @@ def test_the_word_tokenizer_covers_a_models_vocabulary(tmp_path: Path) -> None:
 
     assert write_word_tokenizer(tmp_path, 4096) == 4096
     tok = AutoTokenizer.from_pretrained(tmp_path)
-    assert len(tok.encode("\n", add_special_tokens=False)) == 1
-    assert tok.decode([4095]) == "\n" and tok.decode([4000]).startswith("w")
+    (newline,) = tok.encode("\n", add_special_tokens=False)
+    assert tok.decode([newline]) == "\n" and tok.decode([4000]).startswith("w")
     ids = tok.apply_chat_template([{"role": "user", "content": "the city"}], tokenize=True)
     assert tok.unk_token_id not in ids
+
+
+@pytest.mark.parametrize("config", ["qwen2.5-3b", "qwen3-1.7b"])
+def test_verls_prompt_path_sees_the_prompts_length(tmp_path: Path, config: str) -> None:
+    """The model folder as scripts/verl_model.py writes it (the word tokenizer beside a Qwen
+    config.json): transformers then loads the tokenizer with the config's own class (Qwen2's
+    for qwen2, which keeps only the vocabulary and merges), and verl 0.9.1's agent-loop
+    tokenization of each synthetic prompt (hf_tokenizer, the Continuous Token builder of the
+    model type) gives exactly the target length. A word-level tokenizer gave 1 token there."""
+    pytest.importorskip("verl")
+    import importlib.util
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "verl_prompt_check", root / "scripts" / "verl_prompt_check.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from tuner.dataset import write_word_tokenizer
+
+    model = tmp_path / "model"
+    write_word_tokenizer(model, 151936)
+    shutil.copy(root / "scripts" / "models" / config / "config.json", model / "config.json")
+    got = mod.check(model, 200, tmp_path / "data")
+    assert got["exact"] is True
+    assert (got["verl_min"], got["verl_max"]) == (200, 200), got

@@ -87,22 +87,56 @@ WORD_CHAT_TEMPLATE = (
 """The chat template of `write_word_tokenizer`'s tokenizer (whitespace between its tokens)."""
 
 
+QWEN_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+"""The byte-level BPE split Qwen2's tokenizer class sets on any tokenizer it loads
+(transformers 5 models/qwen2/tokenization_qwen2.py, PRETOKENIZE_REGEX)."""
+
+
 def write_word_tokenizer(folder: Path, vocab_size: int | None = None) -> int:
-    """A tokenizer built offline for performance runs: one token per word of WORDS, the chat
-    roles, Qwen's special tokens and "\\n" (verl's Qwen agent loop demands it be one token),
-    then `w<i>` fillers up to `vocab_size` (a random-weight model samples any id; each one
-    decodes). Whitespace splitting: a prompt's token count is its word count after the chat
-    template. Saved to `folder`; returns the vocabulary size."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    """A tokenizer built offline for performance runs: one token per word of WORDS (and the chat
+    roles) after a space, the 256 byte-level symbols (so "\n" is one token, as verl's Qwen agent
+    loop demands, and any text encodes), Qwen's special tokens, then `w<i>` fillers up to
+    `vocab_size` (a random-weight model samples any id; each one decodes). A prompt's token
+    count is its word count after the chat template.
+
+    It is a byte-level BPE whose merges build each word from its letters, with the
+    pre-tokenizer of Qwen's: transformers 5 loads a folder whose config.json says `qwen2` with
+    its own Qwen2Tokenizer, which keeps only the vocabulary and merges of tokenizer.json and
+    sets that pre-tokenizer. A word-level tokenizer lost every word there (verl measured
+    1-token prompts: scripts/verl_prompt_check.py); this one tokenizes the same under either
+    class. Saved to `folder`; returns the vocabulary size."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "user", "assistant"]
-    words += ["system", *dict.fromkeys(WORDS)]
+    specials = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab: dict[str, int] = {t: i for i, t in enumerate(specials)}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab.setdefault(ch, len(vocab))
+    merges: list[tuple[str, str]] = []
+    for word in dict.fromkeys(["user", "assistant", "system", *WORDS]):
+        piece = "\u0120"  # the byte-level symbol of a space
+        for ch in word:
+            if piece + ch not in vocab:
+                merges.append((piece, ch))
+                vocab[piece + ch] = len(vocab)
+            piece += ch
     if vocab_size is not None:
-        words += [f"w{i}" for i in range(vocab_size - len(words) - 1)]
-    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_tokens([AddedToken("\n", normalized=False)])
+        i = 0
+        while len(vocab) < vocab_size:
+            vocab.setdefault(f"w{i}", len(vocab))
+            i += 1
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="<unk>",

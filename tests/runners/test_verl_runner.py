@@ -253,7 +253,9 @@ def test_drawn_responses_have_a_tail_and_their_loop(tmp_path: Path) -> None:
     assert "name: verl_tuner_drawn" in loops
     assert "_target_: tuner.verl_agent_loop.DrawnLengthAgentLoop" in loops
     cmd = (spec.trial_dir.resolve() / "command.sh").read_text()
-    assert f"actor_rollout_ref.rollout.agent.agent_loop_config_path={ds / 'agent_loops.yaml'}" in cmd
+    assert (
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={ds / 'agent_loops.yaml'}" in cmd
+    )
     assert "actor_rollout_ref.rollout.ignore_eos=True" in cmd and "data.shuffle=False" in cmd
     root = str(Path(__import__("tuner").__file__).resolve().parent.parent)
     assert f"export PYTHONPATH={root}" in cmd
