@@ -46,11 +46,21 @@ def model_folder(recipes_dir: Path | str, model_name: str) -> Path:
     return Path(recipes_dir) / _slug(model_name)
 
 
-def _quote(arg: str) -> str:
-    """Double quotes where the value holds a ${VAR} the shell must expand, else shlex quoting."""
-    if "${" in arg:
-        return '"' + arg.replace('"', '\\"') + '"'
-    return shlex.quote(arg)
+def shell_word(key: str, value: Any) -> str:
+    """The override `key=value` as one shell word that passes verl exactly that text: single
+    quotes (shlex), so `$(...)`, backticks and Hydra's own `${oc.env:HOME}` in a value reach verl
+    as written. Only a recipe variable (verl_command.EnvVar: MODEL_PATH, TRAIN_FILE, ...) is
+    expanded, in double quotes of its own."""
+    if isinstance(value, verl_command.EnvVar):
+        return shlex.quote(f"{key}=") + f'"${{{value.name}}}"'
+    return shlex.quote(f"{key}={verl_command.format_value(value)}")
+
+
+def _one_line(text: str) -> str:
+    """A comment line's text with its line breaks written as `\\n`: a value read from a CSV
+    cell or a config.json (a model name, a row's source) cannot end the comment and put a
+    command of its own on the next line."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def experiment_name(c: Candidate, m: ModelSpec, cl: Cluster) -> str:
@@ -90,9 +100,14 @@ def render(
     tuner.runners.pinned_knobs): a comment block names each with the value the script sets, and
     says that generation was not measured."""
     ov = verl_command.overrides(
-        c, m, cl, w, steps="${TOTAL_STEPS}", experiment=experiment_name(c, m, cl), settings=settings
+        c,
+        m,
+        cl,
+        w,
+        steps=verl_command.EnvVar("TOTAL_STEPS"),
+        experiment=experiment_name(c, m, cl),
+        settings=settings,
     )
-    args = verl_command.override_args(ov)
     hf = m.hf_id or m.name
     run_env = {**verl_command.ENV, **(settings.environment() if settings else {})}
     env = [f"export {k}={shlex.quote(v)}" for k, v in run_env.items()]
@@ -130,7 +145,9 @@ def render(
         "# step metrics: ${VERL_FILE_LOGGER_ROOT:-$PWD}/"
         f"{verl_command.PROJECT}/{experiment_name(c, m, cl)}.jsonl (verl's file logger)",
         "set -euo pipefail",
-        f"MODEL_PATH=${{MODEL_PATH:?set MODEL_PATH to a local copy of {hf}}}",
+        "MODEL_PATH=${MODEL_PATH:?"
+        + shlex.quote(_one_line(f"set MODEL_PATH to a local copy of {hf}"))
+        + "}",
         "TRAIN_FILE=${TRAIN_FILE:?set TRAIN_FILE to a parquet file of prompts}",
         *REWARD_FN_DEFAULT,
         f"NNODES=${{NNODES:-{cl.num_nodes}}}",
@@ -139,10 +156,11 @@ def render(
         *env,
         "",
         " ".join(verl_command.ENTRYPOINT) + " \\",
-        *[f"    {_quote(a)} \\" for a in args],
+        *[f"    {shell_word(k, v)} \\" for k, v in ov.items()],
         '    "$@"',
         "",
     ]
+    lines = [_one_line(line) if line.startswith("#") else line for line in lines]
     return Recipe(name=recipe_name(c, m, cl), text="\n".join(lines))
 
 
