@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -232,19 +233,53 @@ def distinct(rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
+def owner_of(csv_path: Path, row: dict[str, str]) -> str:
+    """The leaderboard row a recipe is made from, as its `# origin:` line names it first."""
+    return f"{csv_path.name} trial {row['trial']}"
+
+
 def origin_of(csv_path: Path, row: dict[str, str]) -> str:
     """The comment line naming the leaderboard row a recipe comes from."""
     tput = row.get("tokens_per_s_per_gpu") or ""
     what = f", {float(tput):.0f} tokens/s/GPU" if tput else ""
-    return f"{csv_path.name} trial {row['trial']} (source={row['source']}, {row['status']}{what})"
+    return f"{owner_of(csv_path, row)} (source={row['source']}, {row['status']}{what})"
 
 
-def write(recipe: Recipe, directory: Path, *, suffix: str = "") -> Path:
-    """Write atomically; a different recipe already under that name gets `suffix` appended."""
+def suffix_of(study: str, trial: str) -> str:
+    """`write`'s suffix for the recipe of `study`'s trial `trial`: a second study of the same
+    model and GPUs gets names of its own."""
+    return f"{_slug(study)}-t{_slug(trial)}"
+
+
+def write(recipe: Recipe, directory: Path, *, suffix: str = "", owner: str = "") -> Path:
+    """Write atomically under the recipe's name, and return the path. With `suffix`, a file of
+    that name holding another recipe is kept unless its `# origin:` line names `owner` (the
+    same row, `owner_of`): the recipe goes to `<name>-<suffix>.sh`, kept the same way, then
+    `<name>-<suffix>-2.sh`, ... So one study's recipes never replace another's (issue 30)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / recipe.name
-    if path.exists() and path.read_text() != recipe.text and suffix:
-        path = directory / f"{recipe.name[:-3]}-{suffix}.sh"
+    if suffix:
+        stem = recipe.name[: -len(".sh")]
+        names = itertools.chain(
+            [recipe.name, f"{stem}-{suffix}.sh"],
+            (f"{stem}-{suffix}-{i}.sh" for i in itertools.count(2)),
+        )
+        path = next(p for p in (directory / n for n in names) if _may_replace(p, recipe, owner))
     # executable as the user's umask allows (0755 under 022); one temporary file per writer:
     # workers of one study write the same best recipe at once
     return write_atomic(path, recipe.text, executable=True)
+
+
+def _may_replace(path: Path, recipe: Recipe, owner: str) -> bool:
+    """Whether `recipe` may be written at `path`: nothing there, the same text, or a recipe of
+    the same row (`owner`)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return True
+    except (OSError, UnicodeDecodeError):
+        return False
+    if text == recipe.text:
+        return True
+    mark = f"# origin: {_one_line(owner)} ("
+    return bool(owner) and any(line.startswith(mark) for line in text.splitlines())
