@@ -99,9 +99,18 @@ class _Study:
         )
         """The --candidates-from candidates (`start` enqueues them into a new study)."""
         path, _ = file_of(self.url)
+
+        def fresh() -> bool:
+            return path is not None and (not path.exists() or path.stat().st_size == 0)
+
         checked = None
-        if path is not None and (not path.exists() or path.stat().st_size == 0):
-            checked = check_leaderboard(req.csv_path, req.name, self.label, ())
+        if fresh():
+            try:
+                checked = check_leaderboard(req.csv_path, req.name, self.label, lambda: ())
+            except UserError:
+                if fresh():
+                    raise
+                # another worker made the storage (and the CSV's rows) meanwhile: checked below
         self.storage = storage = open_storage(self.url, on_stale=enqueue_rerun)
         sampler = optuna.samplers.TPESampler(
             seed=req.seed, multivariate=True, group=True, n_startup_trials=10, constant_liar=True
@@ -144,11 +153,14 @@ class _Study:
                 f"({old}); pass --study NEW_NAME to start a new one"
             )
         if checked is None:
-            known = (
-                [t.number for t in existing.get_trials(deepcopy=False)]
-                if existing is not None
-                else []
-            )
+
+            def known() -> list[int]:
+                try:  # looked up again: another worker may have made the study meanwhile
+                    sid = storage.get_study_id_from_name(req.name)
+                except KeyError:
+                    return []
+                return [t.number for t in storage.get_all_trials(sid, deepcopy=False)]
+
             checked = check_leaderboard(req.csv_path, req.name, self.label, known)
         self.legacy, self.notes = checked
         try:

@@ -8,7 +8,7 @@ import datetime as dt
 import io
 import os
 import zlib
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ def _damage(text: str) -> tuple[list[str], list[list[str]], str]:
 
 
 def check_leaderboard(
-    path: Path, study: str, label: str, known: Collection[int] | None = None
+    path: Path, study: str, label: str, known: Callable[[], Collection[int]] | None = None
 ) -> tuple[dict[int, TrialRecord], list[str]]:
     """Check the leaderboard a study is about to rebuild.
 
@@ -46,9 +46,10 @@ def check_leaderboard(
     `<name>.damaged-<UTC time>`; the view is rebuilt from the storage. A file another storage
     made, or one with another study's rows, or one that is not a verl-tuner leaderboard is
     refused (UserError), never overwritten. So is one with rows the storage cannot account for
-    (`known`: the trial numbers the study holds in the storage, empty where it has none yet):
-    a rebuild from the storage would drop them (a storage moved aside or replaced, an older
-    version's rows). Nothing is written before a refusal."""
+    (`known`: the trial numbers the study holds in the storage, asked after the file is read,
+    as another worker may add a trial and its row meanwhile): a rebuild from the storage would
+    drop them (a storage moved aside or replaced, an older version's rows). Nothing is written
+    before a refusal."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -94,7 +95,7 @@ def check_leaderboard(
                 continue
             legacy[rec.trial] = rec
     if known is not None:
-        _check_known(path, study, label, header, rows, set(known))
+        _check_known(path, study, label, header, rows, set(known()))
     return legacy, []
 
 
