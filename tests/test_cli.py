@@ -78,7 +78,7 @@ def test_run_show_export(workdir: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert script.name.endswith("_h100x8.sh") and script.name.startswith("qwen2.5-7b_")
     text = script.read_text()
     assert "--config-name=ppo_megatron_trainer" in text
-    assert '"trainer.total_training_steps=${TOTAL_STEPS}"' in text
+    assert 'trainer.total_training_steps="${TOTAL_STEPS}"' in text
     assert "MODEL_PATH=${MODEL_PATH:?" in text and "NNODES=${NNODES:-1}" in text
     subprocess.run(["bash", "-n", str(script)], check=True)
 

@@ -89,4 +89,10 @@ def export_recipe(
         runner=row.get("source", ""),
     )
     folder = recipes.model_folder(recipes_dir, model.name)
-    return recipes.write(recipe, folder, suffix=f"t{row['trial']}")
+    study = row.get("study") or csv_path.stem
+    return recipes.write(
+        recipe,
+        folder,
+        suffix=recipes.suffix_of(study, row["trial"]),
+        owner=recipes.owner_of(csv_path, row),
+    )

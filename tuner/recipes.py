@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -46,11 +47,21 @@ def model_folder(recipes_dir: Path | str, model_name: str) -> Path:
     return Path(recipes_dir) / _slug(model_name)
 
 
-def _quote(arg: str) -> str:
-    """Double quotes where the value holds a ${VAR} the shell must expand, else shlex quoting."""
-    if "${" in arg:
-        return '"' + arg.replace('"', '\\"') + '"'
-    return shlex.quote(arg)
+def shell_word(key: str, value: Any) -> str:
+    """The override `key=value` as one shell word that passes verl exactly that text: single
+    quotes (shlex), so `$(...)`, backticks and Hydra's own `${oc.env:HOME}` in a value reach verl
+    as written. Only a recipe variable (verl_command.EnvVar: MODEL_PATH, TRAIN_FILE, ...) is
+    expanded, in double quotes of its own."""
+    if isinstance(value, verl_command.EnvVar):
+        return shlex.quote(f"{key}=") + f'"${{{value.name}}}"'
+    return shlex.quote(f"{key}={verl_command.format_value(value)}")
+
+
+def _one_line(text: str) -> str:
+    """A comment line's text with its line breaks written as `\\n`: a value read from a CSV
+    cell or a config.json (a model name, a row's source) cannot end the comment and put a
+    command of its own on the next line."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def experiment_name(c: Candidate, m: ModelSpec, cl: Cluster) -> str:
@@ -90,9 +101,14 @@ def render(
     tuner.runners.pinned_knobs): a comment block names each with the value the script sets, and
     says that generation was not measured."""
     ov = verl_command.overrides(
-        c, m, cl, w, steps="${TOTAL_STEPS}", experiment=experiment_name(c, m, cl), settings=settings
+        c,
+        m,
+        cl,
+        w,
+        steps=verl_command.EnvVar("TOTAL_STEPS"),
+        experiment=experiment_name(c, m, cl),
+        settings=settings,
     )
-    args = verl_command.override_args(ov)
     hf = m.hf_id or m.name
     run_env = {**verl_command.ENV, **(settings.environment() if settings else {})}
     env = [f"export {k}={shlex.quote(v)}" for k, v in run_env.items()]
@@ -130,7 +146,9 @@ def render(
         "# step metrics: ${VERL_FILE_LOGGER_ROOT:-$PWD}/"
         f"{verl_command.PROJECT}/{experiment_name(c, m, cl)}.jsonl (verl's file logger)",
         "set -euo pipefail",
-        f"MODEL_PATH=${{MODEL_PATH:?set MODEL_PATH to a local copy of {hf}}}",
+        "MODEL_PATH=${MODEL_PATH:?"
+        + shlex.quote(_one_line(f"set MODEL_PATH to a local copy of {hf}"))
+        + "}",
         "TRAIN_FILE=${TRAIN_FILE:?set TRAIN_FILE to a parquet file of prompts}",
         *REWARD_FN_DEFAULT,
         f"NNODES=${{NNODES:-{cl.num_nodes}}}",
@@ -139,10 +157,11 @@ def render(
         *env,
         "",
         " ".join(verl_command.ENTRYPOINT) + " \\",
-        *[f"    {_quote(a)} \\" for a in args],
+        *[f"    {shell_word(k, v)} \\" for k, v in ov.items()],
         '    "$@"',
         "",
     ]
+    lines = [_one_line(line) if line.startswith("#") else line for line in lines]
     return Recipe(name=recipe_name(c, m, cl), text="\n".join(lines))
 
 
@@ -214,19 +233,53 @@ def distinct(rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
+def owner_of(csv_path: Path, row: dict[str, str]) -> str:
+    """The leaderboard row a recipe is made from, as its `# origin:` line names it first."""
+    return f"{csv_path.name} trial {row['trial']}"
+
+
 def origin_of(csv_path: Path, row: dict[str, str]) -> str:
     """The comment line naming the leaderboard row a recipe comes from."""
     tput = row.get("tokens_per_s_per_gpu") or ""
     what = f", {float(tput):.0f} tokens/s/GPU" if tput else ""
-    return f"{csv_path.name} trial {row['trial']} (source={row['source']}, {row['status']}{what})"
+    return f"{owner_of(csv_path, row)} (source={row['source']}, {row['status']}{what})"
 
 
-def write(recipe: Recipe, directory: Path, *, suffix: str = "") -> Path:
-    """Write atomically; a different recipe already under that name gets `suffix` appended."""
+def suffix_of(study: str, trial: str) -> str:
+    """`write`'s suffix for the recipe of `study`'s trial `trial`: a second study of the same
+    model and GPUs gets names of its own."""
+    return f"{_slug(study)}-t{_slug(trial)}"
+
+
+def write(recipe: Recipe, directory: Path, *, suffix: str = "", owner: str = "") -> Path:
+    """Write atomically under the recipe's name, and return the path. With `suffix`, a file of
+    that name holding another recipe is kept unless its `# origin:` line names `owner` (the
+    same row, `owner_of`): the recipe goes to `<name>-<suffix>.sh`, kept the same way, then
+    `<name>-<suffix>-2.sh`, ... So one study's recipes never replace another's (issue 30)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / recipe.name
-    if path.exists() and path.read_text() != recipe.text and suffix:
-        path = directory / f"{recipe.name[:-3]}-{suffix}.sh"
+    if suffix:
+        stem = recipe.name[: -len(".sh")]
+        names = itertools.chain(
+            [recipe.name, f"{stem}-{suffix}.sh"],
+            (f"{stem}-{suffix}-{i}.sh" for i in itertools.count(2)),
+        )
+        path = next(p for p in (directory / n for n in names) if _may_replace(p, recipe, owner))
     # executable as the user's umask allows (0755 under 022); one temporary file per writer:
     # workers of one study write the same best recipe at once
     return write_atomic(path, recipe.text, executable=True)
+
+
+def _may_replace(path: Path, recipe: Recipe, owner: str) -> bool:
+    """Whether `recipe` may be written at `path`: nothing there, the same text, or a recipe of
+    the same row (`owner`)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return True
+    except (OSError, UnicodeDecodeError):
+        return False
+    if text == recipe.text:
+        return True
+    mark = f"# origin: {_one_line(owner)} ("
+    return bool(owner) and any(line.startswith(mark) for line in text.splitlines())

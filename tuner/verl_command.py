@@ -103,6 +103,25 @@ class Raw(str):
     """Hydra text given by the user (`--verl-override`): written as it is, never re-quoted."""
 
 
+class EnvVar(str):
+    """A placeholder `${NAME}` for one of a recipe's own environment variables (`RECIPE_ENV`):
+    the one kind of value the recipe's shell expands. Any other text, `${...}` in it or not,
+    reaches verl as written (recipes.render)."""
+
+    def __new__(cls, name: str) -> EnvVar:
+        if name not in RECIPE_ENV:
+            raise ValueError(f"{name} is not a recipe variable ({', '.join(RECIPE_ENV)})")
+        return super().__new__(cls, "${" + name + "}")
+
+    @property
+    def name(self) -> str:
+        return self[2:-1]
+
+
+RECIPE_ENV = ("MODEL_PATH", "TRAIN_FILE", "REWARD_FN", "NNODES", "TOTAL_STEPS")
+"""The environment variables a recipe documents and expands (its usage line and header)."""
+
+
 def trainer_overrides(
     cl: Cluster, *, steps: int | str, nnodes: str | int, experiment: str
 ) -> dict[str, Any]:
@@ -151,10 +170,10 @@ def overrides(
     w: Workload,
     *,
     steps: int | str = 3,
-    model_path: str = "${MODEL_PATH}",
-    train_file: str = "${TRAIN_FILE}",
-    reward_fn: str = "${REWARD_FN}",
-    nnodes: str | int = "${NNODES}",
+    model_path: str = EnvVar("MODEL_PATH"),
+    train_file: str = EnvVar("TRAIN_FILE"),
+    reward_fn: str = EnvVar("REWARD_FN"),
+    nnodes: str | int = EnvVar("NNODES"),
     experiment: str = "tune",
     settings: VerlSettings | None = None,
 ) -> dict[str, Any]:

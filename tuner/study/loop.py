@@ -50,6 +50,7 @@ from tuner.study.storage import (
     WORKER,
     Heartbeat,
     enqueue_rerun,
+    file_of,
     open_storage,
     reclaim_interrupted,
     record_of,
@@ -90,18 +91,90 @@ class _Study:
         self.req, self.space = req, space
         self.url = req.storage_url
         self.label = storage_label(self.url)
+        # Every check that can refuse comes before anything is written (issue 30): the CSV and
+        # --candidates-from are read first; a storage file not there yet (or empty) is not
+        # made, and a study is not added to a storage, before they pass.
+        self.from_params = (
+            candidates_from_params(req.candidates_from, space) if req.candidates_from else []
+        )
+        """The --candidates-from candidates (`start` enqueues them into a new study)."""
+        path, _ = file_of(self.url)
+
+        def fresh() -> bool:
+            return path is not None and (not path.exists() or path.stat().st_size == 0)
+
+        checked = None
+        if fresh():
+            try:
+                checked = check_leaderboard(req.csv_path, req.name, self.label, lambda: ())
+            except UserError:
+                if fresh():
+                    raise
+                # another worker made the storage (and the CSV's rows) meanwhile: checked below
         self.storage = storage = open_storage(self.url, on_stale=enqueue_rerun)
         sampler = optuna.samplers.TPESampler(
             seed=req.seed, multivariate=True, group=True, n_startup_trials=10, constant_liar=True
         )
+        pruner = SlowerThanBestPruner()
         try:
-            self.study = optuna.create_study(
-                study_name=req.name,
-                storage=storage,
-                sampler=sampler,
-                pruner=SlowerThanBestPruner(),
-                direction="maximize",
-                load_if_exists=True,
+            # loaded where it exists: create_study writes a CREATE_STUDY line into a journal
+            # file on every call, the study's own or not
+            names = {s.study_name for s in storage.get_all_studies()}
+            existing = (
+                optuna.load_study(
+                    study_name=req.name, storage=storage, sampler=sampler, pruner=pruner
+                )
+                if req.name in names
+                else None
+            )
+        except Exception as e:
+            first = str(e).splitlines()[0][:160]
+            raise UserError(
+                f"cannot open study {req.name} in {self.url} ({first}): "
+                "pass --storage with another path"
+            ) from None
+        runner = f"|{req.runner.name}"
+        fingerprint = f"{space.fingerprint()}{runner}"
+        old = existing.user_attrs.get("space") if existing is not None else None
+        added: list[str] = []
+        predates = False
+        overlay = reread_overlay(existing) if existing is not None else {}
+        if existing is not None and old is not None and old != fingerprint and old.endswith(runner):
+            added = space.added_since(old.removesuffix(runner))
+            records = (stored_record(t, overlay) for t in existing.get_trials(deepcopy=False))
+            predates = space.predates_workload(old.removesuffix(runner)) and ran_workload(
+                [d for d in records if d is not None], req.workload
+            )
+            if added and not predates:
+                fingerprint = old
+        if old is not None and not predates and old != fingerprint:
+            raise UserError(
+                f"study {req.name} was made for another model/cluster/workload/runner "
+                f"({old}); pass --study NEW_NAME to start a new one"
+            )
+        if checked is None:
+
+            def known() -> list[int]:
+                try:  # looked up again: another worker may have made the study meanwhile
+                    sid = storage.get_study_id_from_name(req.name)
+                except KeyError:
+                    return []
+                return [t.number for t in storage.get_all_trials(sid, deepcopy=False)]
+
+            checked = check_leaderboard(req.csv_path, req.name, self.label, known)
+        self.legacy, self.notes = checked
+        try:
+            self.study = (
+                existing
+                if existing is not None
+                else optuna.create_study(
+                    study_name=req.name,
+                    storage=storage,
+                    sampler=sampler,
+                    pruner=pruner,
+                    direction="maximize",
+                    load_if_exists=True,
+                )
             )
         except Exception as e:
             first = str(e).splitlines()[0][:160]
@@ -111,29 +184,8 @@ class _Study:
             ) from None
         self.overlay = reread_overlay(self.study)
         """Values `tune reread` filled into finished records (`stored_record`)."""
-        runner = f"|{req.runner.name}"
-        fingerprint = f"{space.fingerprint()}{runner}"
-        old = self.study.user_attrs.get("space")
-        added: list[str] = []
-        predates = False
-        if old is not None and old != fingerprint and old.endswith(runner):
-            added = space.added_since(old.removesuffix(runner))
-            records = (
-                stored_record(t, self.overlay) for t in self.study.get_trials(deepcopy=False)
-            )
-            predates = space.predates_workload(old.removesuffix(runner)) and ran_workload(
-                [d for d in records if d is not None], req.workload
-            )
-            if added and not predates:
-                fingerprint = old
         if old is None or predates:
             self.study.set_user_attr("space", fingerprint)
-        elif old != fingerprint:
-            raise UserError(
-                f"study {req.name} was made for another model/cluster/workload/runner "
-                f"({old}); pass --study NEW_NAME to start a new one"
-            )
-        self.legacy, self.notes = check_leaderboard(req.csv_path, req.name, self.label)
         if predates:
             self.notes.append(
                 f"study {req.name} was made before its fingerprint named the algorithm and mean "
@@ -169,8 +221,7 @@ class _Study:
                 and not self.study.get_trials(deepcopy=False)
             ):
                 params = verl_example_params(self.space) if req.verl_example else []
-                if req.candidates_from is not None:
-                    params += candidates_from_params(req.candidates_from, self.space)
+                params += self.from_params
                 if req.hand_grid:  # its utilization: the largest predicted to fit
                     params += hand_grid_params(
                         self.space, lambda c: propose(req, c, self.learner).unfit
@@ -554,7 +605,10 @@ def write_best_recipes(req: TuneRequest, s: _Study) -> list[Path]:
             runner=row["source"],
         )
         path = recipes.write(
-            recipe, recipes.model_folder(req.recipes_dir, req.model.name), suffix=f"t{row['trial']}"
+            recipe,
+            recipes.model_folder(req.recipes_dir, req.model.name),
+            suffix=recipes.suffix_of(req.name, row["trial"]),
+            owner=recipes.owner_of(req.csv_path, row),
         )
         by_trial[row["trial"]] = str(path)
         paths.append(path)

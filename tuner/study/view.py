@@ -8,7 +8,7 @@ import datetime as dt
 import io
 import os
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ def _damage(text: str) -> tuple[list[str], list[list[str]], str]:
 
 
 def check_leaderboard(
-    path: Path, study: str, label: str
+    path: Path, study: str, label: str, known: Callable[[], Collection[int]] | None = None
 ) -> tuple[dict[int, TrialRecord], list[str]]:
     """Check the leaderboard a study is about to rebuild.
 
@@ -45,7 +45,11 @@ def check_leaderboard(
     trial, and notes for stderr). A damaged file (torn, truncated, not CSV) is moved aside to
     `<name>.damaged-<UTC time>`; the view is rebuilt from the storage. A file another storage
     made, or one with another study's rows, or one that is not a verl-tuner leaderboard is
-    refused (UserError), never overwritten."""
+    refused (UserError), never overwritten. So is one with rows the storage cannot account for
+    (`known`: the trial numbers the study holds in the storage, asked after the file is read,
+    as another worker may add a trial and its row meanwhile): a rebuild from the storage would
+    drop them (a storage moved aside or replaced, an older version's rows). Nothing is written
+    before a refusal."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -90,7 +94,30 @@ def check_leaderboard(
             except (ValueError, TypeError):
                 continue
             legacy[rec.trial] = rec
+    if known is not None:
+        _check_known(path, study, label, header, rows, set(known()))
     return legacy, []
+
+
+def _check_known(
+    path: Path, study: str, label: str, header: list[str], rows: list[list[str]], known: set[int]
+) -> None:
+    """UserError where a row's trial is not one the storage holds for the study."""
+    i_trial = header.index("trial") if "trial" in header else None
+    lost = [
+        cells[i_trial] if i_trial is not None else "?"
+        for cells in rows
+        if i_trial is None or not cells[i_trial].isdigit() or int(cells[i_trial]) not in known
+    ]
+    if not lost:
+        return
+    shown = ", ".join(lost[:5]) + (", ..." if len(lost) > 5 else "")
+    held = f"{len(known)} other trial(s)" if known else "no trial"
+    raise UserError(
+        f"{path} has {len(lost)} row(s) of trial {shown} that storage {label} does not hold "
+        f"(it holds {held} of study {study}), and rebuilding the CSV would drop them: pass "
+        "--storage with the storage that wrote them, move the CSV aside, or pass --study NEW_NAME"
+    )
 
 
 def _cell(v: Any) -> str:
