@@ -115,12 +115,13 @@ def _bounded(read: Callable[[str], float], bounds: Bounds, doc: str) -> Callable
 
 def whole_in(bounds: Bounds) -> Callable[[str], int]:
     """An argparse type: a whole number within `bounds` (the option's declaration)."""
-    return _bounded(_whole, bounds, "A whole number")
+    return _bounded(positive_int if bounds.low >= 1 else _whole, bounds, "A whole number")
 
 
 def real_in(bounds: Bounds) -> Callable[[str], float]:
     """An argparse type: a finite number within `bounds` (the option's declaration)."""
-    return _bounded(_real, bounds, "A finite number")
+    positive = bounds.low > 0 or (bounds.low_open and bounds.low == 0)
+    return _bounded(positive_float if positive else _real, bounds, "A finite number")
 
 
 def knob_value(name: str, whole: bool, positive: bool = False) -> Callable[[str], Any]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from tuner.bounds import TRIAL_SECONDS
+from tuner.bounds import TRIAL_SECONDS, number_text
 from tuner.errors import UserError
 from tuner.estimate import Estimate
 from tuner.estimate.profile import CALIBRATED, Profile
@@ -66,7 +66,10 @@ DROP_NOT_OK = "not ok (oom, failed, pruned, ...)"
 DROP_ESTIMATE = "the estimator's (not measured)"
 DROP_UNREAD = "unreadable (an unknown model, layout or knob value)"
 DROP_UNMEASURED = "without a Megatron phase time"
-DROP_TIME = f"with a phase time outside {TRIAL_SECONDS.text}"
+DROP_TIME = (
+    f"with a phase time over {number_text(TRIAL_SECONDS.high)} s ({TRIAL_SECONDS.why}: the "
+    "longest --trial-timeout)"
+)
 """Why observations_from_rows leaves a row out (the keys of its `dropped`)."""
 
 
@@ -81,8 +84,9 @@ def observations_from_rows(
 
     `response_mean` stands in for reference rows, which do not record it (see
     validate.reported_response_mean); our own rows carry theirs. `notes`: those beside the rows'
-    file (tuner.fit.notes). A row whose step or phase time lies outside TRIAL_SECONDS (a 1e300-s
-    phase) is no measurement. `dropped` counts the rows left out, by why (DROP_*)."""
+    file (tuner.fit.notes). A row with a step or phase time longer than a trial may run
+    (TRIAL_SECONDS: a 1e300-s phase) is no measurement. `dropped` counts the rows left out,
+    by why (DROP_*)."""
     keep = accept or (lambda r: r.get("source", "") not in ("", "estimate", "tuner"))
     drop: Counter[str] = Counter() if dropped is None else dropped
     out: list[Observation] = []
@@ -101,7 +105,7 @@ def observations_from_rows(
         if case is None:
             drop[DROP_UNMEASURED] += 1
             continue
-        if any(not TRIAL_SECONDS.allows(v) for v in case.measured.values()):
+        if any(not 0 < v <= TRIAL_SECONDS.high for v in case.measured.values()):
             drop[DROP_TIME] += 1
             continue
         phases = {k: v for k, v in case.measured.items() if k != "step"}
