@@ -70,6 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tune: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+    except MemoryError:  # a memory limit (`ulimit -v`) below what the command needs
+        print(
+            "tune: error: out of memory: raise the memory limit (ulimit -v) or pass smaller files",
+            file=sys.stderr,
+        )
+        return 2
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -321,8 +327,23 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     path = save_fit(fit, args.out)
-    print(f"profile written to {path} (tune uses it by default when run from this folder)")
+    print(f"profile written to {path} ({profile_use(path)})")
     return 0
+
+
+def profile_use(path: Any) -> str:
+    """How tune comes to use the profile written at `path`: by default only at
+    DEFAULT_PROFILE_PATH (relative to where tune runs); anywhere else through --profile."""
+    from pathlib import Path
+
+    from tuner.estimate.profile import DEFAULT_PROFILE_PATH
+
+    if Path(path).resolve() == Path(DEFAULT_PROFILE_PATH).resolve():
+        return "tune and tune estimate use it by default when run from this folder"
+    return (
+        f"tune uses {DEFAULT_PROFILE_PATH} by default, not this file: pass --profile {path} to "
+        "tune and tune estimate"
+    )
 
 
 COMMANDS = {

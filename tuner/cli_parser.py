@@ -11,17 +11,29 @@ from pathlib import Path
 from tuner.cli_args import (
     OneLineParser,
     env_assignment,
-    fraction,
     layout_text,
     model_arg,
     non_negative_float,
     non_negative_int,
     path_text,
-    positive_float,
     positive_int,
     seed,
     study_name,
     verl_override_text,
+)
+from tuner.cli_args.values import (
+    GPUS,
+    GPUS_PER_NODE,
+    PROMPTS,
+    RESPONSES,
+    STEPS,
+    STUDY_SECONDS,
+    TOKENS,
+    TRIAL_SECONDS,
+    TRIALS,
+    knob_value,
+    real_in,
+    whole_in,
 )
 from tuner.headroom import PHASE_HEADROOM_GIB
 from tuner.megatron_layers import LAYER_SPEC_CHOICES
@@ -51,9 +63,12 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
         help="registry name (see `tune models`) or a path to a Hugging Face "
         "config.json or its folder",
     )
-    p.add_argument("--gpus", type=positive_int, required=True, help="GPUs in all")
+    p.add_argument("--gpus", type=whole_in(GPUS), required=True, help=f"GPUs in all ({GPUS.text})")
     p.add_argument(
-        "--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default 8)"
+        "--gpus-per-node",
+        type=whole_in(GPUS_PER_NODE),
+        default=8,
+        help=f"GPUs per node ({GPUS_PER_NODE.text}; default 8)",
     )
     p.add_argument("--gpu", default="h100", help="GPU kind: h100, h200, h20, a100 (default h100)")
 
@@ -69,21 +84,31 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         "8192-token responses, 512 prompts x 16, mini batch 32)",
     )
     g.add_argument("--algorithm", choices=("grpo", "dapo", "ppo"))
-    g.add_argument("--prompt-len", type=positive_int, help="max prompt tokens")
-    g.add_argument("--response-len", type=positive_int, help="max response tokens")
+    g.add_argument("--prompt-len", type=whole_in(TOKENS), help=f"max prompt tokens ({TOKENS.text})")
+    g.add_argument(
+        "--response-len", type=whole_in(TOKENS), help=f"max response tokens ({TOKENS.text})"
+    )
     g.add_argument(
         "--response-mean",
-        type=positive_int,
+        type=whole_in(TOKENS),
         help="mean response tokens (default: 15%% of the max, early-training math runs)",
     )
     g.add_argument(
         "--prompt-mean",
-        type=positive_int,
+        type=whole_in(TOKENS),
         help="mean prompt tokens, unpadded (default: 10%% of the max)",
     )
-    g.add_argument("--batch", type=positive_int, help="prompts per step (data.train_batch_size)")
-    g.add_argument("--n", type=positive_int, help="responses per prompt (rollout.n)")
-    g.add_argument("--mini-batch", type=positive_int, help="PPO mini batch in prompts")
+    g.add_argument(
+        "--batch",
+        type=whole_in(PROMPTS),
+        help=f"prompts per step (data.train_batch_size; {PROMPTS.text})",
+    )
+    g.add_argument(
+        "--n", type=whole_in(RESPONSES), help=f"responses per prompt (rollout.n; {RESPONSES.text})"
+    )
+    g.add_argument(
+        "--mini-batch", type=whole_in(PROMPTS), help=f"PPO mini batch in prompts ({PROMPTS.text})"
+    )
 
 
 def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
@@ -172,21 +197,22 @@ def build_parser() -> argparse.ArgumentParser:
     g = run.add_argument_group("search")
     g.add_argument(
         "--trials",
-        type=positive_int,
+        type=whole_in(TRIALS),
         default=50,
         help="trials the study should hold; a resumed study runs the rest (default 50)",
     )
     g.add_argument(
         "--timeout",
-        type=positive_float,
+        type=real_in(STUDY_SECONDS),
         default=None,
-        help="stop starting trials after this many seconds (default: none)",
+        help=f"stop starting trials after this many seconds ({STUDY_SECONDS.text}; default: none)",
     )
     g.add_argument(
         "--trial-timeout",
-        type=positive_float,
+        type=real_in(TRIAL_SECONDS),
         default=1800.0,
-        help="seconds one launched trial may run before it ends as `timeout` (default 1800)",
+        help="seconds one launched trial may run before it ends as `timeout` "
+        f"({TRIAL_SECONDS.text}; default 1800)",
     )
     g.add_argument(
         "--runner",
@@ -324,7 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--trial", type=non_negative_int, default=None, help="or a trial number (not with --rank)"
     )
     exp.add_argument(
-        "--steps", type=positive_int, default=3, help="trainer.total_training_steps (default 3)"
+        "--steps",
+        type=whole_in(STEPS),
+        default=3,
+        help=f"trainer.total_training_steps ({STEPS.text}; default 3)",
     )
     exp.add_argument("--recipes-dir", type=path_text, default=Path("recipes"))
 
@@ -405,16 +434,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=layout_text,
         help="tp4pp2vpp2, tp2cp2, ep8cp4, tp4ep16, ...",
     )
-    est.add_argument("--rollout-tp", type=positive_int, default=1)
+    est.add_argument("--rollout-tp", type=knob_value("rollout_tp", whole=True), default=1)
     est.add_argument(
         "--max-token-len",
-        type=positive_int,
+        type=knob_value("ppo_max_token_len_per_gpu", whole=True, positive=True),
         default=None,
         help="ppo_max_token_len_per_gpu (default 2x prompt+response)",
     )
     est.add_argument(
         "--logprob-max-token-len",
-        type=positive_int,
+        type=knob_value("log_prob_max_token_len_per_gpu", whole=True, positive=True),
         default=None,
         help="log_prob_max_token_len_per_gpu (default 3x prompt+response)",
     )
@@ -422,16 +451,20 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     est.add_argument("--no-fused-kernels", action="store_true")
     est.add_argument("--no-sequence-parallel", action="store_true")
-    est.add_argument("--gpu-memory-utilization", type=fraction, default=0.6)
+    est.add_argument(
+        "--gpu-memory-utilization",
+        type=knob_value("gpu_memory_utilization", whole=False),
+        default=0.6,
+    )
     est.add_argument(
         "--micro-batch",
-        type=positive_int,
+        type=knob_value("ppo_micro_batch_size_per_gpu", whole=True),
         default=None,
         help="fixed micro-batch size per GPU instead of dynamic token budgets",
     )
     est.add_argument(
         "--max-num-batched-tokens",
-        type=positive_int,
+        type=knob_value("max_num_batched_tokens", whole=True, positive=True),
         default=None,
         help="vLLM tokens per scheduler step (default prompt + response)",
     )

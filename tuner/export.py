@@ -45,10 +45,13 @@ def export_recipe(
     from tuner.results import read_raw
     from tuner.runners import pinned_knobs
     from tuner.space import Candidate
+    from tuner.space.knobs import candidate_refusals
     from tuner.verl_settings import VerlSettings
     from tuner.workload import PRESETS, Workload, get_workload
 
-    row = choose_row(read_raw(csv_path), csv_path, rank=rank, trial=trial)
+    rows = read_raw(csv_path)
+    row = choose_row(rows, csv_path, rank=rank, trial=trial)
+    where = f"{csv_path} line {_line_of(rows, row)} (trial {row.get('trial')})"
     try:
         model = get_model(row["model"])
         cluster = Cluster(
@@ -77,6 +80,12 @@ def export_recipe(
             f"{csv_path} trial {row.get('trial')} cannot be exported ({type(e).__name__}: {e}): "
             "the row is incomplete or damaged; pick another with --trial"
         ) from None
+    refused = candidate_refusals(cand)
+    if refused:
+        column, why = refused[0]
+        raise UserError(
+            f"{where}, column {column}: {why}: fix the cell, or pick another row with --trial"
+        )
     recipe = recipes.render(
         cand,
         model,
@@ -96,3 +105,9 @@ def export_recipe(
         suffix=recipes.suffix_of(study, row["trial"]),
         owner=recipes.owner_of(csv_path, row),
     )
+
+
+
+def _line_of(rows: list[dict[str, str]], row: dict[str, str]) -> int:
+    """The line of `row` in its file (the header is line 1)."""
+    return next((i for i, r in enumerate(rows, 2) if r is row), 0) or rows.index(row) + 2

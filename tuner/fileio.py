@@ -133,10 +133,20 @@ def check_input_file(path: Path | str, what: str, max_bytes: int) -> int:
 def read_input(path: Path | str, what: str, max_bytes: int) -> bytes:
     """The bytes of the input file `path` (checked by `check_input_file`), reading at most
     `max_bytes` even if the file grows meanwhile."""
-    check_input_file(path, what, max_bytes)
+    size = check_input_file(path, what, max_bytes)
     try:
         with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+            # read(n) allocates n bytes before it reads: ask for the file's size (one byte more
+            # sees it grow), never the limit (512 MiB failed under a 400 MB `ulimit -v`)
+            parts = [f.read(min(size, max_bytes) + 1)]
+            got = len(parts[0])
+            while got <= max_bytes and got > size:  # it grew since its size was taken
+                more = f.read(min(max(size + 1, MIB), max_bytes + 1 - got))
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts) if len(parts) > 1 else parts[0]
     except PermissionError:
         raise UserError(f"{what} {path} cannot be read: check its permissions") from None
     except OSError as e:

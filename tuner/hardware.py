@@ -124,6 +124,7 @@ class Cluster:
             raise UserError(
                 f"--gpus {self.num_gpus} is not a multiple of --gpus-per-node "
                 f"{self.gpus_per_node}: use whole nodes, e.g. --gpus "
+                f"{self.num_gpus // self.gpus_per_node * self.gpus_per_node} or "
                 f"{(self.num_gpus // self.gpus_per_node + 1) * self.gpus_per_node}"
             )
 

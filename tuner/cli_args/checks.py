@@ -513,6 +513,11 @@ def _check_report(args: argparse.Namespace) -> None:
     else:
         flag = "--out"
     check_output_file(Path(out), flag, kind=".html", inputs=reads)
+    if Path(out).suffix.lower() not in (".html", ".htm"):  # r.png was written as HTML
+        raise UserError(
+            f"--out {out}: the report is an HTML page: end the name in .html (a PNG of the "
+            "leaderboard is tune plot's)"
+        )
 
 
 def _check_reread(args: argparse.Namespace) -> None:

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from tuner.bounds import TRIAL_SECONDS as TRIAL_SECONDS  # re-exported: --trial-timeout
+from tuner.bounds import Bounds
 from tuner.errors import UserError
 from tuner.verl_settings import split_env, split_override
 
@@ -65,6 +67,81 @@ def _real(text: str) -> float:
     if not math.isfinite(v):
         raise argparse.ArgumentTypeError(f"{shown(text)} is too large: write a finite number")
     return v
+
+
+# --------------------------------------------------------------------------------------------
+# The options' bounds, declared once: their argparse types below ask these (a knob's bounds are
+# the knob's own: tuner.space.knobs, asked by `knob_value`).
+# --------------------------------------------------------------------------------------------
+
+GPUS = Bounds(low=1, high=65536, unit="GPUs", why="the most any one training job runs on")
+"""--gpus."""
+GPUS_PER_NODE = Bounds(low=1, high=576, unit="GPUs", why="the largest NVLink domain")
+"""--gpus-per-node: one node's NVLink domain."""
+TOKENS = Bounds(
+    low=1, high=2**20, unit="tokens", why="2**20, beyond any model's context window here"
+)
+"""--prompt-len, --response-len and their means."""
+PROMPTS = Bounds(low=1, high=65536, unit="prompts", why="128 times the dapo-math preset's 512")
+"""--batch and --mini-batch: prompts per step (data.train_batch_size) or per mini batch."""
+RESPONSES = Bounds(low=1, high=1024, unit="responses per prompt")
+"""--n: rollout.n."""
+TRIALS = Bounds(
+    low=1,
+    high=100_000,
+    unit="trials",
+    why="a 100,000-trial leaderboard is about 200 MiB, near what tune reads back",
+)
+"""--trials."""
+STUDY_SECONDS = Bounds(low=1, high=30 * 86400, unit="s", why="30 days")
+"""--timeout: how long a study starts trials."""
+# --trial-timeout: TRIAL_SECONDS, declared in tuner.bounds (tune calibrate's measured times
+# are bounded by it too); a launch ends as `timeout` after it; under a second none starts.
+STEPS = Bounds(low=1, high=1_000_000, unit="steps")
+"""tune export --steps: trainer.total_training_steps."""
+
+
+def _bounded(read: Callable[[str], float], bounds: Bounds, doc: str) -> Callable[[str], Any]:
+    def arg(text: str) -> Any:
+        v = read(text)
+        why = bounds.refusal(v)
+        if why is not None:
+            raise argparse.ArgumentTypeError(why)
+        return v
+
+    arg.__doc__ = f"{doc} {bounds.text}."
+    return arg
+
+
+def whole_in(bounds: Bounds) -> Callable[[str], int]:
+    """An argparse type: a whole number within `bounds` (the option's declaration)."""
+    return _bounded(positive_int if bounds.low >= 1 else _whole, bounds, "A whole number")
+
+
+def real_in(bounds: Bounds) -> Callable[[str], float]:
+    """An argparse type: a finite number within `bounds` (the option's declaration)."""
+    positive = bounds.low > 0 or (bounds.low_open and bounds.low == 0)
+    return _bounded(positive_float if positive else _real, bounds, "A finite number")
+
+
+def knob_value(name: str, whole: bool, positive: bool = False) -> Callable[[str], Any]:
+    """An argparse type for an option that sets knob `name` (`tune estimate
+    --gpu-memory-utilization`): the number within the knob's own bounds
+    (tuner.space.knobs.Knob.bounds), the same check a CSV cell and `tune export` get."""
+
+    def arg(text: str) -> Any:
+        from tuner.space.knobs import knob_refusal
+
+        v = _whole(text) if whole else _real(text)
+        if positive and v <= 0:
+            raise argparse.ArgumentTypeError(f"must be more than 0, got {v}")
+        why = knob_refusal(name, v)
+        if why is not None:
+            raise argparse.ArgumentTypeError(why)
+        return v
+
+    arg.__doc__ = f"A value of knob {name}, within its bounds."
+    return arg
 
 
 def positive_int(text: str) -> int:
@@ -191,7 +268,7 @@ def layout_text(text: str) -> str:
     try:
         read_degrees(text)
     except UserError as e:
-        raise argparse.ArgumentTypeError(f"{e} (see `tune estimate --help`)") from None
+        raise argparse.ArgumentTypeError(str(e)) from None  # the parser adds `see --help`
     return text
 
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 
 import numpy as np
 
+from tuner.bounds import TRIAL_SECONDS, number_text
 from tuner.errors import UserError
 from tuner.estimate import Estimate
 from tuner.estimate.profile import CALIBRATED, Profile
@@ -60,27 +62,51 @@ class CalibrationResult:
         }
 
 
+DROP_NOT_OK = "not ok (oom, failed, pruned, ...)"
+DROP_ESTIMATE = "the estimator's (not measured)"
+DROP_UNREAD = "unreadable (an unknown model, layout or knob value)"
+DROP_UNMEASURED = "without a Megatron phase time"
+DROP_TIME = (
+    f"with a phase time over {number_text(TRIAL_SECONDS.high)} s ({TRIAL_SECONDS.why}: the "
+    "longest --trial-timeout)"
+)
+"""Why observations_from_rows leaves a row out (the keys of its `dropped`)."""
+
+
 def observations_from_rows(
     rows: Iterable[dict[str, str]],
     accept: Callable[[dict[str, str]], bool] | None = None,
     response_mean: int = 0,
     notes: FileNotes | None = None,
+    dropped: Counter[str] | None = None,
 ) -> list[Observation]:
     """Measured phases of the rows that `accept` keeps (default: measured rows, not estimates).
 
     `response_mean` stands in for reference rows, which do not record it (see
     validate.reported_response_mean); our own rows carry theirs. `notes`: those beside the rows'
-    file (tuner.fit.notes)."""
+    file (tuner.fit.notes). A row with a step or phase time longer than a trial may run
+    (TRIAL_SECONDS: a 1e300-s phase) is no measurement. `dropped` counts the rows left out,
+    by why (DROP_*)."""
     keep = accept or (lambda r: r.get("source", "") not in ("", "estimate", "tuner"))
+    drop: Counter[str] = Counter() if dropped is None else dropped
     out: list[Observation] = []
     for row in rows:
-        if row.get("status") != "ok" or not keep(row):
+        if row.get("status") != "ok":
+            drop[DROP_NOT_OK] += 1
+            continue
+        if not keep(row):
+            drop[DROP_ESTIMATE] += 1
             continue
         try:
             case = case_from_row(row, response_mean, notes)
         except (UserError, KeyError, ValueError):
+            drop[DROP_UNREAD] += 1
             continue
         if case is None:
+            drop[DROP_UNMEASURED] += 1
+            continue
+        if any(not 0 < v <= TRIAL_SECONDS.high for v in case.measured.values()):
+            drop[DROP_TIME] += 1
             continue
         phases = {k: v for k, v in case.measured.items() if k != "step"}
         if not phases and "step" in case.measured:
@@ -144,6 +170,13 @@ def calibrate(
             moved = p0.with_values(**{name: min(hi, max(lo, v / 1.1))})
         if np.max(np.abs(_log_errors(obs, moved) - r0)) > SENSITIVITY_FLOOR:
             names.append(name)
+    if len(obs) < len(names):
+        rows = len({id(o.case) for o in obs})
+        raise UserError(
+            f"{rows} measured row(s) give {len(obs)} phase time(s), fewer than the {len(names)} "
+            f"constants they move ({', '.join(names)}): pass leaderboards with more measured "
+            f"rows (at least {len(names)} phase times)"
+        )
     x0 = np.array([math.log(getattr(p0, n)) for n in names])
     x = _clip(names, x0.copy())
     w = math.sqrt(PRIOR_WEIGHT)

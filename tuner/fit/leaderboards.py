@@ -4,6 +4,7 @@ parses and prints."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,20 +42,30 @@ def fit_leaderboards(
     `source`, if given), starting from `start` (default the built-in constants)."""
     rows: list[dict[str, str]] = []
     obs = []
+    dropped: Counter[str] = Counter()
     for path in paths:
         file_rows = read_rows(path)
         if gpu:
-            file_rows = [r for r in file_rows if (r.get("gpu") or "").lower() == gpu.lower()]
+            kept = [r for r in file_rows if (r.get("gpu") or "").lower() == gpu.lower()]
+            dropped[f"of another GPU than --gpu {gpu}"] += len(file_rows) - len(kept)
+            file_rows = kept
         if source:
-            file_rows = [r for r in file_rows if r.get("source") == source]
+            kept = [r for r in file_rows if r.get("source") == source]
+            dropped[f"of another runner than --source {source}"] += len(file_rows) - len(kept)
+            file_rows = kept
         rows += file_rows
         obs += observations_from_rows(
-            file_rows, response_mean=reported_response_mean(file_rows), notes=notes_for(path)
+            file_rows,
+            response_mean=reported_response_mean(file_rows),
+            notes=notes_for(path),
+            dropped=dropped,
         )
-    if source and not obs:
+    if not obs:
+        why = "; ".join(f"{n} {what}" for what, n in dropped.items() if n) or "no rows"
         raise UserError(
-            f"--source {source}: no measured row of that runner in {', '.join(map(str, paths))}: "
-            "give leaderboards it measured, or leave --source out"
+            f"no measured row to calibrate from in {', '.join(map(str, paths))} (rows left out: "
+            f"{why}): pass leaderboards with ok rows a real runner (megatron, verl) measured"
+            + (", or change the filters" if gpu or source else "")
         )
     res = calibrate(obs, start or Profile())
     return LeaderboardFit(

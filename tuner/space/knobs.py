@@ -17,13 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tuner.bounds import Bounds
 from tuner.models import ModelSpec
 from tuner.space.candidate import (
     ATTENTION_BACKEND_CHOICES,
+    ATTENTION_BACKENDS,
     ENFORCE_EAGER_CHOICES,
     LAYOUT_FIELDS,
     MAX_NUM_SEQS_CHOICES,
     MOE_DISPATCHER_CHOICES,
+    MOE_DISPATCHERS,
     RECOMPUTE_GRANULARITIES,
     RECOMPUTE_METHODS,
     Candidate,
@@ -125,6 +128,11 @@ class Knob:
     """Value as verl wants it; None becomes `null`."""
     when: Callable[[Candidate, ModelSpec | None], bool] = _always
     """Whether the keys are emitted (e.g. recompute keys only when on, MoE keys on MoE models)."""
+    bounds: Bounds | None = None
+    """The numbers verl (or vLLM, megatron-core) takes for it, whatever the sampler offers: a
+    CSV cell, `tune export` and the options that set it (tune estimate) are checked here."""
+    allowed: tuple[Any, ...] = ()
+    """The names verl (megatron-core) takes for it (empty: not a name); as `bounds`."""
 
     def __post_init__(self) -> None:
         if self.group not in KNOB_GROUP_ORDER:
@@ -162,6 +170,10 @@ def _tf(key: str, declared: bool = False) -> tuple[str, ...]:
 def _moe(c: Candidate, m: ModelSpec | None) -> bool:
     return m is not None and m.is_moe
 
+
+_TOKEN_BUDGET = Bounds(low=0, high=2**24, unit="tokens per GPU (0: off)")
+_MICRO_BATCH = Bounds(low=1, high=2**16, unit="samples")
+_ROLLOUT_DEGREE = Bounds(low=1, high=65536, why="the most GPUs any one job runs on")
 
 KNOBS: tuple[Knob, ...] = (
     Knob(
@@ -250,6 +262,7 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=_tf("moe_token_dispatcher_type"),
         cost="time: _layout_lin dispatch (allgather volume); flex vs alltoall is a neutral prior",
         choices=moe_space(MOE_DISPATCHER_CHOICES),
+        allowed=MOE_DISPATCHERS,
         when=_moe,
     ),
     Knob(
@@ -270,6 +283,7 @@ KNOBS: tuple[Knob, ...] = (
         worker=WorkerKey("recompute.granularity", str),
         cost="time: recompute term (phase_times_of); memory: kept activations",
         choices=lambda s, d: list(RECOMPUTE_GRANULARITIES),
+        allowed=RECOMPUTE_GRANULARITIES,
         to_verl=lambda v: None if v == "none" else v,  # megatron-core: None = no recompute
     ),
     Knob(
@@ -282,6 +296,7 @@ KNOBS: tuple[Knob, ...] = (
         choices=lambda s, d: (
             list(RECOMPUTE_METHODS) if d["recompute_granularity"] == "full" else None
         ),
+        allowed=RECOMPUTE_METHODS,
         when=lambda c, m: c.recompute_granularity == "full",
     ),
     Knob(
@@ -386,6 +401,7 @@ KNOBS: tuple[Knob, ...] = (
         cost="neutral prior: flash, fused and auto score alike (no measured model yet, the "
         "measured runner decides); unfused/local: score-matrix cost in _layout_lin",
         choices=lambda s, d: list(ATTENTION_BACKEND_CHOICES),
+        allowed=ATTENTION_BACKENDS,
     ),
     Knob(
         name="use_dynamic_bsz",
@@ -408,6 +424,7 @@ KNOBS: tuple[Knob, ...] = (
         worker=WorkerKey("batch.max_token_len_per_gpu", int, off=0),
         cost="time: update micro-batches; memory: activations",
         param="ppo_max_token_len_factor",
+        bounds=_TOKEN_BUDGET,
         when=lambda c, m: c.use_dynamic_bsz,
         **budget_fields(TOKEN_BUDGET_FACTORS),
     ),
@@ -422,6 +439,7 @@ KNOBS: tuple[Knob, ...] = (
         worker=WorkerKey("batch.log_prob_max_token_len_per_gpu", int, off=0),
         cost="time: log-prob micro-batches; memory: log-prob activations",
         param="log_prob_max_token_len_factor",
+        bounds=_TOKEN_BUDGET,
         when=lambda c, m: c.use_dynamic_bsz,
         **budget_fields(LOG_PROB_BUDGET_FACTORS),
     ),
@@ -433,6 +451,7 @@ KNOBS: tuple[Knob, ...] = (
         worker=WorkerKey("batch.micro_batch_size_per_gpu", int, off=0),
         cost="time: update micro-batches; memory: activations",
         param="ppo_micro_batch_log2",
+        bounds=_MICRO_BATCH,
         choices=micro_choices,
         int_range=True,
         decode=pow2,
@@ -450,6 +469,7 @@ KNOBS: tuple[Knob, ...] = (
         worker=WorkerKey("batch.log_prob_micro_batch_size_per_gpu", int, off=0),
         cost="time: log-prob micro-batches; memory: log-prob activations",
         param="log_prob_micro_batch_log2",
+        bounds=_MICRO_BATCH,
         choices=lambda s, d: (
             None if d["use_dynamic_bsz"] else list(range(0, MAX_MICRO_BATCH_LOG2 + 2))
         ),
@@ -462,6 +482,7 @@ KNOBS: tuple[Knob, ...] = (
         name="rollout_tp",
         group="rollout",
         help="vLLM tensor parallel (may span nodes)",
+        bounds=_ROLLOUT_DEGREE,
         verl_keys=(f"{ROLLOUT}.tensor_model_parallel_size",),
         cost="time: _generation engines, _decode_step_s TP all-reduce (inter-node beyond a node)",
         choices=lambda s, d: s.rollout_tps,
@@ -470,6 +491,7 @@ KNOBS: tuple[Knob, ...] = (
         name="rollout_dp",
         group="rollout",
         help="vLLM data parallel inside a replica (MoE)",
+        bounds=_ROLLOUT_DEGREE,
         verl_keys=(f"{ROLLOUT}.data_parallel_size",),
         cost="time: _decode_step_s expert weights over tp*dp and their collectives",
         param="rollout_dp_log2",
@@ -482,6 +504,7 @@ KNOBS: tuple[Knob, ...] = (
         name="rollout_ep",
         group="rollout",
         help="vLLM expert parallel (1 or tp*dp)",
+        bounds=_ROLLOUT_DEGREE,
         verl_keys=(f"{ROLLOUT}.expert_parallel_size",),
         cost="time: _decode_step_s all-to-all instead of expert-TP all-reduce",
         param="rollout_expert_parallel",
@@ -493,6 +516,7 @@ KNOBS: tuple[Knob, ...] = (
         name="gpu_memory_utilization",
         group="rollout",
         help="vLLM memory share",
+        bounds=Bounds(low=0, high=1, low_open=True, why="a share of the GPU's memory"),
         verl_keys=(f"{ROLLOUT}.gpu_memory_utilization",),
         cost="memory: KV cache -> time: _generation concurrency",
         choices=lambda s, d: list(GPU_MEMORY_UTILIZATIONS),
@@ -502,6 +526,7 @@ KNOBS: tuple[Knob, ...] = (
         name="max_num_batched_tokens",
         group="rollout",
         help="vLLM tokens per scheduler step",
+        bounds=Bounds(low=0, high=2**24, unit="tokens (0: prompt + response)"),
         verl_keys=(f"{ROLLOUT}.max_num_batched_tokens",),
         cost="time: _generation concurrency bound; memory: vLLM activations",
         param="max_num_batched_tokens_factor",
@@ -515,6 +540,7 @@ KNOBS: tuple[Knob, ...] = (
         name="max_num_seqs",
         group="rollout",
         help="vLLM sequences per engine at once",
+        bounds=Bounds(low=1, high=2**16, unit="sequences"),
         verl_keys=(f"{ROLLOUT}.max_num_seqs",),
         cost="time: _generation concurrency (busy phase steps); memory: sampler logits",
         choices=lambda s, d: list(MAX_NUM_SEQS_CHOICES),
@@ -548,6 +574,31 @@ def knob_overrides(c: Candidate, m: ModelSpec | None = None) -> dict[str, Any]:
         v = k.to_verl(k.value(c))
         for key in k.verl_keys:
             out[key] = v
+    return out
+
+
+def knob_refusal(name: str, value: Any) -> str | None:
+    """Why `value` is not one knob `name` may take (`Knob.bounds`, `Knob.allowed`): a sentence
+    that gives the range or the names; None where it may (and for knobs that declare neither)."""
+    k = KNOB_BY_NAME[name]
+    if k.allowed and value not in k.allowed:
+        return f"must be one of {', '.join(map(str, k.allowed))}, got {value!r}"
+    if k.bounds is not None and isinstance(value, int | float):
+        return k.bounds.refusal(value)
+    return None
+
+
+def candidate_refusals(c: Candidate) -> list[tuple[str, str]]:
+    """(knob, why) for each knob value of `c` outside what the knob declares it may take
+    (knob_refusal): what a CSV cell read back into a Candidate must pass before a study
+    measures it or a recipe writes it."""
+    out = []
+    for k in KNOBS:
+        if k.name == "layout" or not (k.bounds or k.allowed):
+            continue
+        why = knob_refusal(k.name, k.value(c))
+        if why is not None:
+            out.append((k.name, why))
     return out
 
 

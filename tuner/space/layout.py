@@ -205,6 +205,12 @@ def read_degrees(text: str) -> dict[str, int]:
         raise UserError(
             f"layout {shown} gives {', '.join(repeated)} more than once: write each degree once"
         )
+    zero = [n for n, v in found if int(v) == 0 and n not in ("first", "last")]
+    if zero:
+        raise UserError(
+            f"layout {shown} gives {zero[0]}0: a degree is at least 1: write {zero[0]}1 or leave "
+            f"{zero[0]} out"
+        )
     return {n: int(v) for n, v in found}
 
 

@@ -232,6 +232,40 @@ def _same_model(text: str, model: Any) -> bool:
     return dataclasses.replace(theirs, name=model.name, hf_id=model.hf_id) == model
 
 
+def outside_space(c: Candidate, space: SearchSpace) -> tuple[str, str] | None:
+    """(knob, why) of the first knob value of `c` (a candidate read from a CSV row) that is
+    outside what the knob declares it may take (knobs.candidate_refusals: a
+    gpu_memory_utilization of 7.5) or that this study's space does not offer, given the values
+    before it (a rollout_tp of 3 where the heads allow 1, 2, 4): Optuna refused such a value
+    only once the trial was created (a ValueError, an `interrupted` row), and a value the space
+    snapped to its nearest choice ran another candidate under the row's label. None where the
+    study can measure exactly `c`."""
+    from tuner.space.knobs import candidate_refusals
+    from tuner.space.sampling import _offered
+
+    refused = candidate_refusals(c)
+    if refused:
+        return refused[0]
+    drawn: dict[str, Any] = {}
+    for k, ch in _offered(space, drawn):
+        v = k.value(c)
+        p = k.encode(v, space, drawn)
+        offered = ch[0] <= p <= ch[-1] if k.int_range else p in ch
+        if not offered or k.decode(p, space, drawn) != v:  # not there, or snapped to another
+            shown = [k.decode(x, space, drawn) for x in ch]
+            if k.name == "layout":
+                shown = [lay.spec for lay in shown]
+                v = c.layout.spec
+            if k.int_range and len(shown) > 2:
+                listed = f"{shown[0]} .. {shown[-1]}"
+            else:
+                listed = ", ".join(map(str, shown[:12])) + (", ..." if len(shown) > 12 else "")
+            column = "train_parallel" if k.name == "layout" else k.name
+            return column, f"{v} is not one this study offers ({listed})"
+        drawn[k.name] = v
+    return None
+
+
 def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dict[str, Any], str]]:
     """The ok rows of another leaderboard (e.g. real verl's) as (sampler params, origin), each
     candidate once (its first row), so this study measures the same candidates with its own
@@ -240,7 +274,8 @@ def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dic
     from tuner.errors import UserError
     from tuner.results import number, read_raw
 
-    rows = [r for r in read_raw(csv_path) if r.get("status") == "ok"]
+    # line of each row in the file (the header is line 1), for the messages
+    rows = [(i, r) for i, r in enumerate(read_raw(csv_path), 2) if r.get("status") == "ok"]
     if not rows:
         raise UserError(f"--candidates-from {csv_path}: no ok row to take candidates from")
     w, cl = space.workload, space.cluster
@@ -255,7 +290,8 @@ def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dic
     }
     out: list[tuple[dict[str, Any], str]] = []
     taken: list[Candidate] = []
-    for r in rows:
+    for line, r in rows:
+        where = f"--candidates-from {csv_path} line {line} (trial {r.get('trial')})"
         if not _same_model(r.get("model") or "", space.model):
             raise UserError(
                 f"--candidates-from {csv_path}: trial {r.get('trial')} ran model "
@@ -272,9 +308,12 @@ def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dic
             c = Candidate.from_record(r, cl.num_gpus)
         except (KeyError, ValueError) as e:
             raise UserError(
-                f"--candidates-from {csv_path}: trial {r.get('trial')} is incomplete "
-                f"({type(e).__name__}: {e})"
+                f"{where} is incomplete ({type(e).__name__}: {e}): fix or delete that row"
             ) from None
+        off = outside_space(c, space)
+        if off is not None:
+            column, why = off
+            raise UserError(f"{where}, column {column}: {why}: fix the cell or delete that row")
         if c in taken:  # a repeat row ("same candidate as trial N; not re-run"): once
             continue
         taken.append(c)
