@@ -252,13 +252,18 @@ def open_storage(url: str, on_stale: StaleCallback | None = None) -> optuna.stor
     if url.startswith("sqlite:///"):
         _sqlite_wal()
     try:
-        # workers starting together on a new SQLite file: one creates the tables, the others
-        # wait for it (unserialized, the others died with "table studies already exists")
-        serial = locked(path) if path is not None else contextlib.nullcontext()
+        # workers starting together on a new SQLite file or PostgreSQL database: one creates
+        # the tables, the others wait for it (unserialized, the others died with "table
+        # studies already exists", or a duplicate key in PostgreSQL's catalog)
+        serial: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        if path is not None:
+            serial = locked(path)
+        elif _postgres(url):
+            serial = _advisory_lock(url, "verl-tuner: Optuna's tables")
         with serial, warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.storages.RDBStorage(
-                url,
+                driver_url(url),
                 skip_compatibility_check=False,
                 heartbeat_interval=HEARTBEAT_S if on_stale else None,
                 grace_period=GRACE_S if on_stale else None,
@@ -268,11 +273,56 @@ def open_storage(url: str, on_stale: StaleCallback | None = None) -> optuna.stor
         text = " ".join(str(e).split())
         if "compatible with the table schema" in text:  # Optuna's whole sentence says what to do
             raise UserError(f"storage {url}: {text}") from None
+        missing = _missing_driver(e)
+        if missing:
+            raise UserError(f"storage {url} needs {missing}") from None
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]  # not the SQL below it
-        raise UserError(
-            f"storage {url} cannot be opened as an Optuna storage ({first}): "
+        fix = (
             "move the file aside or pass --storage with another path"
+            if path is not None
+            else "check that the server is up and the URL's user, host, port and database, "
+            "or pass --storage with another"
+        )
+        raise UserError(
+            f"storage {url} cannot be opened as an Optuna storage ({first}): {fix}"
         ) from None
+
+
+POSTGRES_EXTRA = "verl-tuner[postgres]"
+"""The extra that installs the PostgreSQL driver (psycopg 3) a postgresql:// storage needs."""
+_DRIVERS = {
+    "psycopg": f"the PostgreSQL driver psycopg 3: pip install '{POSTGRES_EXTRA}'",
+    "psycopg2": "the PostgreSQL driver psycopg2: pip install psycopg2-binary (or pip install "
+    f"'{POSTGRES_EXTRA}' and write postgresql://)",
+    "MySQLdb": "the MySQL driver mysqlclient: pip install mysqlclient (or pip install pymysql "
+    "and write mysql+pymysql://)",
+    "pymysql": "the MySQL driver PyMySQL: pip install pymysql",
+}
+"""What a server storage needs, by the module SQLAlchemy failed to import for it."""
+
+
+def driver_url(url: str) -> str:
+    """The URL SQLAlchemy opens for `url`: `postgresql://` with psycopg 3 where psycopg2 (its
+    default) is not installed (the `postgres` extra installs psycopg 3); any other as it is."""
+    import importlib.util
+
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg2") is None:
+        return "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    return url
+
+
+def _missing_driver(e: BaseException) -> str:
+    """What to install for the server storage whose driver `e` (an ImportError in its chain,
+    Optuna's over SQLAlchemy's) says is missing; "" for any other error."""
+    seen: BaseException | None = e
+    for _ in range(8):
+        if seen is None:
+            return ""
+        if isinstance(seen, ImportError) and seen.name:
+            module = seen.name.partition(".")[0]
+            return _DRIVERS.get(module, f"the Python package {module}: pip install {module}")
+        seen = seen.__cause__ or seen.__context__
+    return ""
 
 
 def close_storage(storage: optuna.storages.BaseStorage) -> None:
@@ -406,15 +456,54 @@ def _sqlite_wal() -> None:
 
 @contextlib.contextmanager
 def study_lock(url: str, study: str) -> Iterator[bool]:
-    """An exclusive lock of one study on a file storage (held across processes of this host
-    and of hosts sharing the file system); yields True. For server storages (PostgreSQL,
-    MySQL) yields False without locking: their workers count and enqueue best-effort."""
+    """An exclusive lock of one study, held across processes and hosts; yields True. A file
+    storage's is a file lock beside it (hosts sharing the file system); a PostgreSQL storage's
+    a session advisory lock on its server (`_advisory_lock`), which the server releases when a
+    killed worker's connection ends. Other servers (MySQL) yield False without locking: their
+    workers count and enqueue best-effort."""
     path, _ = file_of(url)
-    if path is None:
+    if path is not None:
+        with locked(path.with_name(f"{path.name}.{study}")):
+            yield True
+    elif _postgres(url):
+        with _advisory_lock(url, f"verl-tuner study {study}"):
+            yield True
+    else:
         yield False
-        return
-    with locked(path.with_name(f"{path.name}.{study}")):
-        yield True
+
+
+_LOCK_ENGINES: dict[str, Any] = {}
+"""SQLAlchemy engines of this process's `_advisory_lock`s, by storage URL (a pool each)."""
+
+
+def _postgres(url: str) -> bool:
+    return url.partition("://")[0].partition("+")[0] == "postgresql"
+
+
+@contextlib.contextmanager
+def _advisory_lock(url: str, name: str) -> Iterator[None]:
+    """PostgreSQL's session advisory lock named `name` (its key: the name's 8-byte BLAKE2b),
+    on a connection of its own, held for the block; the server releases it if the process
+    dies."""
+    import hashlib
+
+    import sqlalchemy
+
+    engine = _LOCK_ENGINES.get(url)
+    if engine is None:
+        engine = _LOCK_ENGINES[url] = sqlalchemy.create_engine(
+            driver_url(url), pool_size=1, pool_pre_ping=True
+        )
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    key = int.from_bytes(digest, "big", signed=True)
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": key})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+            conn.commit()
 
 
 # --------------------------------------------------------------------------------------------
