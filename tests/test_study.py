@@ -52,7 +52,7 @@ def test_study_writes_one_row_per_trial_and_recipes(workdir: Path) -> None:
     assert [int(r["trial"]) for r in rows] == list(range(len(rows)))
     assert {r["source"] for r in rows if r["status"] == "ok"} == {"estimate"}
     assert {r["backend"] for r in rows} == {"estimate (cost model)"}
-    assert {r["storage"] for r in rows} == {storage_label(s.storage)}
+    assert {r["storage"] for r in rows} == {storage_label(s.storage, s.csv_path.parent)}
     assert s.recipe_paths and all(p.exists() for p in s.recipe_paths)
     best = rows[int(s.best_rows[0]["trial"])]
     assert best["recipe"] == str(s.recipe_paths[0])

@@ -4,6 +4,7 @@ killed worker not yet reaped, a worker of another host that died (Optuna's heart
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -168,7 +169,7 @@ def _worker_killed_mid_trial(req: TuneRequest, worker: str, reap: bool) -> int:
 def _check_reclaimed(req: TuneRequest, number: int) -> None:
     """The dead worker's trial: FAIL, an `interrupted` row, its candidate re-run once (to the
     end: measured, or pruned as not fitting, as any candidate)."""
-    study = optuna.load_study(study_name=req.name, storage=req.storage_url)
+    study = optuna.load_study(study_name=req.name, storage=storage.open_storage(req.storage_url))
     ts = study.trials
     assert not [t.number for t in ts if t.state is RUNNING]
     assert ts[number].state is optuna.trial.TrialState.FAIL
@@ -179,15 +180,27 @@ def _check_reclaimed(req: TuneRequest, number: int) -> None:
     assert rows[rerun.number]["status"] != "interrupted"
 
 
+def _on(kind: str, req: TuneRequest, request: pytest.FixtureRequest) -> TuneRequest:
+    """`req` on its default SQLite file, or on a fresh PostgreSQL database (`postgres_url`)."""
+    if kind == "postgresql":
+        return dataclasses.replace(req, storage=str(request.getfixturevalue("postgres_url")))
+    return req
+
+
+SERVERS = pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+"""The tests of dead workers that run on an RDB storage: an SQLite file, a PostgreSQL server."""
+
+
+@SERVERS
 def test_a_worker_of_another_host_that_died_is_reclaimed_by_its_heartbeat(
-    workdir: Path, monkeypatch: pytest.MonkeyPatch
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, kind: str, request: pytest.FixtureRequest
 ) -> None:
     """A worker on another host (its pid means nothing here) killed mid-trial: once its
     heartbeat is older than the grace period the next worker fails the trial and re-runs its
     candidate (it stayed RUNNING for good, counted as running elsewhere)."""
     monkeypatch.setattr(storage, "HEARTBEAT_S", 1)
     monkeypatch.setattr(storage, "GRACE_S", 1)
-    req = _request(workdir, 2)
+    req = _on(kind, _request(workdir, 2), request)
     number = _worker_killed_mid_trial(req, "gpu-node-7:4242", reap=True)
     time.sleep(2.2)  # past the grace period (SQLite's clock counts whole seconds)
     s = run_study(req)
@@ -195,11 +208,14 @@ def test_a_worker_of_another_host_that_died_is_reclaimed_by_its_heartbeat(
     assert s.trials_total == 2
 
 
-def test_a_killed_worker_not_yet_reaped_is_reclaimed_at_once(workdir: Path) -> None:
+@SERVERS
+def test_a_killed_worker_not_yet_reaped_is_reclaimed_at_once(
+    workdir: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
     """kill -9 of a worker whose parent has not waited for it yet: its pid still answers
     (a zombie); the resume reclaims its trial at once all the same (it stayed RUNNING and
     the resume finished with a gap in the CSV)."""
-    req = _request(workdir, 2)
+    req = _on(kind, _request(workdir, 2), request)
     number = _worker_killed_mid_trial(req, "", reap=False)
     s = run_study(req)
     _check_reclaimed(req, number)

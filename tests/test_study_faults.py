@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import REGISTRY
@@ -35,13 +36,12 @@ STUDY = "qwen2.5-7b-h100x8-estimate"
 UNCOUNTED = {"pruned-invalid", "pruned-oom-predicted", "interrupted"}
 
 
-def _check_csv_is_the_storage_view(workdir: Path) -> list[dict[str, str]]:
+def _check_csv_is_the_storage_view(workdir: Path, url: str = "") -> list[dict[str, str]]:
     rows = read_raw(workdir / "results" / f"{STUDY}.csv")
     numbers = [int(r["trial"]) for r in rows]
     assert numbers == sorted(set(numbers)), "a trial twice or out of order"
-    study = optuna.load_study(
-        study_name=STUDY, storage=f"sqlite:///{workdir / 'results' / 'studies.sqlite3'}"
-    )
+    url = url or f"sqlite:///{workdir / 'results' / 'studies.sqlite3'}"
+    study = optuna.load_study(study_name=STUDY, storage=open_storage(url))
     states = optuna.trial.TrialState
     assert not study.get_trials(states=(states.RUNNING,)), "a trial left running"
     finished = [t for t in study.trials if t.state.is_finished()]
@@ -64,7 +64,12 @@ def _check_csv_is_the_storage_view(workdir: Path) -> list[dict[str, str]]:
     return rows
 
 
-def test_sigkill_at_random_moments_then_rerun(workdir: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_sigkill_at_random_moments_then_rerun(
+    workdir: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    url = str(request.getfixturevalue("postgres_url")) if kind == "postgresql" else ""
+    cmd = [*CMD, "--storage", url] if url else CMD
     rng = random.Random(1234)
     csv_path = workdir / "results" / f"{STUDY}.csv"
     killed_with_rows = []
@@ -72,7 +77,7 @@ def test_sigkill_at_random_moments_then_rerun(workdir: Path) -> None:
         start = len(read_raw(csv_path)) if csv_path.exists() else 0
         more = rng.randint(1, 6)  # kill after a few more trials, at a random moment
         proc = subprocess.Popen(
-            [*CMD, "--trials", "5000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [*cmd, "--trials", "5000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -91,10 +96,10 @@ def test_sigkill_at_random_moments_then_rerun(workdir: Path) -> None:
     )
     total = have + 3
     done = subprocess.run(
-        [*CMD, "--trials", str(total)], capture_output=True, text=True, timeout=300
+        [*cmd, "--trials", str(total)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = _check_csv_is_the_storage_view(workdir)
+    rows = _check_csv_is_the_storage_view(workdir, url)
     assert len([r for r in rows if r["status"] not in UNCOUNTED]) == total
 
 

@@ -1,5 +1,6 @@
-"""Several `tune` workers on one journal storage: --trials is the total over all of them and
-the warm start is enqueued once."""
+"""Several `tune` workers on one journal storage, and on a PostgreSQL server (where
+VT_POSTGRES_URL names one): --trials is the total over all of them and the warm start is
+enqueued once."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import optuna
+import pytest
 
 from tuner.results import read_raw
 from tuner.study import open_storage
@@ -16,8 +18,13 @@ STUDY = "qwen2.5-7b-h100x8-estimate"
 UNCOUNTED = {"pruned-invalid", "pruned-oom-predicted", "interrupted"}
 
 
-def test_three_workers_share_the_trial_budget_and_one_warm_start(workdir: Path) -> None:
-    journal = workdir / "results" / "study.journal"
+@pytest.mark.parametrize("kind", ["journal", "postgresql"])
+def test_three_workers_share_the_trial_budget_and_one_warm_start(
+    workdir: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    storage = str(workdir / "results" / "study.journal")
+    if kind == "postgresql":
+        storage = str(request.getfixturevalue("postgres_url"))
     cmd = [
         sys.executable,
         "-m",
@@ -28,7 +35,7 @@ def test_three_workers_share_the_trial_budget_and_one_warm_start(workdir: Path) 
         "8",
         "--no-progress",
         "--storage",
-        str(journal),
+        storage,
         "--trials",
         "12",
     ]
@@ -39,7 +46,7 @@ def test_three_workers_share_the_trial_budget_and_one_warm_start(workdir: Path) 
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-2000:]
-    study = optuna.load_study(study_name=STUDY, storage=open_storage(str(journal)))
+    study = optuna.load_study(study_name=STUDY, storage=open_storage(storage))
     finished = [t for t in study.trials if t.state.is_finished()]
     counted = [t for t in finished if t.user_attrs.get("status") not in UNCOUNTED]
     assert len(counted) == 12

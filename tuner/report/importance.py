@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -26,14 +27,13 @@ MAX_IMPORTANCE_TRIALS = 2000
 whatever the study's size (scripts/bench_report.py)."""
 
 
-def storage_url(label: str) -> str:
+def storage_url(label: str, folder: Path) -> str:
     """An Optuna storage URL or path from what a leaderboard's `storage` column records
-    (tuner.study.storage_label: `sqlite:/abs/path`, `journal:/abs/path`, or a URL)."""
-    if label.startswith("sqlite:") and not label.startswith("sqlite://"):
-        return "sqlite:///" + label.removeprefix("sqlite:")
-    if label.startswith("journal:"):
-        return label.removeprefix("journal:")
-    return label
+    (tuner.study.storage_label: `sqlite:studies.sqlite3` relative to the leaderboard's
+    `folder`, an older `sqlite:/abs/path`, `journal:...`, or a URL)."""
+    from tuner.study.storage import label_url
+
+    return label_url(label, folder)
 
 
 def _open_study(s: Study, storage: str | None) -> tuple[Any, str, str]:
@@ -49,7 +49,7 @@ def _open_study(s: Study, storage: str | None) -> tuple[Any, str, str]:
         candidates = [storage]
     else:
         named = str(_mode(s.df["storage"]) or "") if "storage" in s.df.columns else ""
-        candidates = [storage_url(named)] if named else []
+        candidates = [storage_url(named, s.csv.parent)] if named else []
         for beside in (s.csv.with_suffix(".sqlite3"), s.csv.parent / "studies.sqlite3"):
             candidates.append(f"sqlite:///{beside}")
     from tuner.study.storage import file_of

@@ -62,7 +62,7 @@ from tuner.study.storage import (
     stored_record,
     study_lock,
 )
-from tuner.study.view import check_leaderboard, write_leaderboard
+from tuner.study.view import LINE_KEY, check_leaderboard, write_leaderboard
 from tuner.study.warmstart import WARM_START_ATTR, enqueue_warm_start, warm_start_params
 from tuner.verl_settings import VerlSettings
 
@@ -90,7 +90,7 @@ class _Study:
     def __init__(self, req: TuneRequest, space: SearchSpace) -> None:
         self.req, self.space = req, space
         self.url = req.storage_url
-        self.label = storage_label(self.url)
+        self.label = storage_label(self.url, req.results_dir)
         # Every check that can refuse comes before anything is written (issue 30): the CSV and
         # --candidates-from are read first; a storage file not there yet (or empty) is not
         # made, and a study is not added to a storage, before they pass.
@@ -345,6 +345,9 @@ class _Study:
             if t.state not in FINISHED:
                 continue
             d = stored_record(t, self.overlay)
+            if d is not None and d.get("storage") != self.label:
+                # kept before its results folder moved, or by an older version (absolute)
+                d = {k: v for k, v in d.items() if k != LINE_KEY} | {"storage": self.label}
             if d is not None:
                 recs.append(d)
             elif t.number in self.legacy:

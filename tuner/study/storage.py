@@ -5,9 +5,11 @@ dead workers (reclaimed on this host at once, on any host by Optuna's heartbeat)
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import socket
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -63,18 +65,64 @@ def file_of(url: str) -> tuple[Path | None, bool]:
     return None, False
 
 
-def storage_label(url: str) -> str:
-    """The storage's name as leaderboards record it: an absolute file path for file storages,
-    the URL without its password otherwise."""
+def storage_label(url: str, results_dir: Path | None = None) -> str:
+    """The storage's name as leaderboards record it: a file storage inside `results_dir` by its
+    path relative to that folder (`sqlite:studies.sqlite3`), so the folder resumes wherever it
+    is moved, renamed, copied or mounted; any other file by its absolute path
+    (`journal:/shared/x.log`); a server's URL without its password. `label_url` reads it
+    back."""
     path, journal = file_of(url)
     if path is not None:
-        return f"{'journal' if journal else 'sqlite'}:{path.resolve()}"
+        full = path.resolve()
+        if results_dir is not None and full.is_relative_to(folder := results_dir.resolve()):
+            full = full.relative_to(folder)
+        return f"{'journal' if journal else 'sqlite'}:{full}"
     scheme, _, rest = url.partition("://")
     creds, at, host = rest.rpartition("@")
     if at:
         user = creds.partition(":")[0]
         return f"{scheme}://{user}@{host}"
     return url
+
+
+def label_file(label: str, results_dir: Path) -> tuple[str, Path | None]:
+    """(`sqlite` or `journal`, its file) of a file storage's `storage_label`, a relative one
+    taken from `results_dir` (the folder of the leaderboard that records it); ("", None) for
+    a server's URL."""
+    kind, colon, rest = label.partition(":")
+    if kind not in ("sqlite", "journal") or not colon or not rest or rest.startswith("//"):
+        return "", None
+    path = Path(rest)
+    return kind, path if path.is_absolute() else results_dir / path
+
+
+def label_url(label: str, results_dir: Path) -> str:
+    """The URL or path `open_storage` takes for a leaderboard's `storage` cell (`storage_label`;
+    relative to `results_dir`, the leaderboard's folder); a server's URL as it is."""
+    kind, path = label_file(label, results_dir)
+    if path is None:
+        return label
+    return f"sqlite:///{path}" if kind == "sqlite" else str(path)
+
+
+def same_storage(recorded: str, label: str, results_dir: Path) -> bool:
+    """Whether a leaderboard row's `storage` cell (`recorded`) names the storage `label` of a
+    study writing that leaderboard in `results_dir`: the same name, or the same file; or, as
+    versions before relative names recorded it, an absolute path that is no longer there
+    ending in `label`'s path inside the results folder (the folder was moved or renamed with
+    its storage in it)."""
+    if recorded == label:
+        return True
+    kind, was = label_file(recorded, results_dir)
+    kind_now, now = label_file(label, results_dir)
+    if was is None or now is None or kind != kind_now:
+        return False
+    if was.resolve() == now.resolve():
+        return True
+    inside = Path(label.partition(":")[2])
+    if inside.is_absolute() or not Path(recorded.partition(":")[2]).is_absolute():
+        return False
+    return not was.exists() and was.parts[-len(inside.parts) :] == inside.parts
 
 
 def _check_file(path: Path, journal: bool) -> None:
@@ -111,32 +159,54 @@ def _check_file(path: Path, journal: bool) -> None:
 
 def journal_damage(path: Path) -> str:
     """Why the journal file `path` is not one Optuna can replay, or "": each whole line must be
-    a JSON object with a known `op_code` and a `worker_id` (a last line without its newline is a
-    write cut short, which Optuna skips), and the whole file must replay (an entry missing a
-    field Optuna reads). Optuna itself stops with a KeyError or a TypeError on the first such
-    line, at any later read."""
-    from optuna.storages.journal import JournalFileBackend
-    from optuna.storages.journal._storage import JournalOperation
-
-    ops = {op.value for op in JournalOperation}
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.endswith(b"\n"):
-                break
-            try:
-                entry = json.loads(line.decode())
-            except (ValueError, UnicodeDecodeError):
-                entry = None
-            which = "its first line" if number == 1 else f"line {number}"
-            if not isinstance(entry, dict) or entry.get("op_code") not in ops:
-                return f"{which} is not a journal entry"
-            if not isinstance(entry.get("worker_id"), str):
-                return f"{which} has no worker_id"
+    a JSON object with an integer `op_code` and a `worker_id`, and Optuna's own replay of them
+    must pass (an unknown `op_code`, an entry missing a field Optuna reads). A last line
+    without its newline is a write cut short: Optuna skips it, and the next writer sets it
+    aside (`_TornTailLock`). Optuna itself stops with a KeyError or a TypeError on the first
+    such line, at any later read."""
+    lines = _CheckedLines(path)
     try:
-        optuna.storages.JournalStorage(JournalFileBackend(str(path))).get_all_studies()
+        optuna.storages.JournalStorage(lines)  # replays every line it is handed
     except Exception as e:  # Optuna's replay: KeyError, TypeError, AssertionError, ...
-        return f"an entry Optuna cannot replay: {type(e).__name__} {e}"
-    return ""
+        return f"{_which(lines.number)} is an entry Optuna cannot replay: {type(e).__name__} {e}"
+    return lines.why
+
+
+def _which(number: int) -> str:
+    return "its first line" if number == 1 else f"line {number}"
+
+
+class _CheckedLines(optuna.storages.journal.BaseJournalBackend):
+    """The whole lines of a journal file, each checked before Optuna's replay is handed it; a
+    read-only backend for `journal_damage`. `number`: the line handed out last; `why`: what
+    stopped the reading early, or ""."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.number, self.why = path, 0, ""
+
+    def read_logs(self, log_number_from: int) -> Iterator[dict[str, Any]]:
+        with open(self.path, "rb") as f:
+            for number, line in enumerate(f, start=1):
+                if number <= log_number_from:
+                    continue
+                if not line.endswith(b"\n"):
+                    return  # a write cut short: Optuna skips it
+                self.number = number
+                try:
+                    entry = json.loads(line.decode())
+                except (ValueError, UnicodeDecodeError):
+                    entry = None
+                op = entry.get("op_code") if isinstance(entry, dict) else None
+                if not isinstance(entry, dict) or type(op) is not int:
+                    self.why = f"{_which(number)} is not a journal entry"
+                    return
+                if not isinstance(entry.get("worker_id"), str):
+                    self.why = f"{_which(number)} has no worker_id"
+                    return
+                yield entry
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        raise RuntimeError("journal_damage only reads")
 
 
 OPTUNA_TABLES = frozenset({"studies", "trials", "version_info"})
@@ -182,13 +252,18 @@ def open_storage(url: str, on_stale: StaleCallback | None = None) -> optuna.stor
     if url.startswith("sqlite:///"):
         _sqlite_wal()
     try:
-        # workers starting together on a new SQLite file: one creates the tables, the others
-        # wait for it (unserialized, the others died with "table studies already exists")
-        serial = locked(path) if path is not None else contextlib.nullcontext()
+        # workers starting together on a new SQLite file or PostgreSQL database: one creates
+        # the tables, the others wait for it (unserialized, the others died with "table
+        # studies already exists", or a duplicate key in PostgreSQL's catalog)
+        serial: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        if path is not None:
+            serial = locked(path)
+        elif _postgres(url):
+            serial = _advisory_lock(url, "verl-tuner: Optuna's tables")
         with serial, warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.storages.RDBStorage(
-                url,
+                driver_url(url),
                 skip_compatibility_check=False,
                 heartbeat_interval=HEARTBEAT_S if on_stale else None,
                 grace_period=GRACE_S if on_stale else None,
@@ -198,11 +273,56 @@ def open_storage(url: str, on_stale: StaleCallback | None = None) -> optuna.stor
         text = " ".join(str(e).split())
         if "compatible with the table schema" in text:  # Optuna's whole sentence says what to do
             raise UserError(f"storage {url}: {text}") from None
+        missing = _missing_driver(e)
+        if missing:
+            raise UserError(f"storage {url} needs {missing}") from None
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]  # not the SQL below it
-        raise UserError(
-            f"storage {url} cannot be opened as an Optuna storage ({first}): "
+        fix = (
             "move the file aside or pass --storage with another path"
+            if path is not None
+            else "check that the server is up and the URL's user, host, port and database, "
+            "or pass --storage with another"
+        )
+        raise UserError(
+            f"storage {url} cannot be opened as an Optuna storage ({first}): {fix}"
         ) from None
+
+
+POSTGRES_EXTRA = "verl-tuner[postgres]"
+"""The extra that installs the PostgreSQL driver (psycopg 3) a postgresql:// storage needs."""
+_DRIVERS = {
+    "psycopg": f"the PostgreSQL driver psycopg 3: pip install '{POSTGRES_EXTRA}'",
+    "psycopg2": "the PostgreSQL driver psycopg2: pip install psycopg2-binary (or pip install "
+    f"'{POSTGRES_EXTRA}' and write postgresql://)",
+    "MySQLdb": "the MySQL driver mysqlclient: pip install mysqlclient (or pip install pymysql "
+    "and write mysql+pymysql://)",
+    "pymysql": "the MySQL driver PyMySQL: pip install pymysql",
+}
+"""What a server storage needs, by the module SQLAlchemy failed to import for it."""
+
+
+def driver_url(url: str) -> str:
+    """The URL SQLAlchemy opens for `url`: `postgresql://` with psycopg 3 where psycopg2 (its
+    default) is not installed (the `postgres` extra installs psycopg 3); any other as it is."""
+    import importlib.util
+
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg2") is None:
+        return "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    return url
+
+
+def _missing_driver(e: BaseException) -> str:
+    """What to install for the server storage whose driver `e` (an ImportError in its chain,
+    Optuna's over SQLAlchemy's) says is missing; "" for any other error."""
+    seen: BaseException | None = e
+    for _ in range(8):
+        if seen is None:
+            return ""
+        if isinstance(seen, ImportError) and seen.name:
+            module = seen.name.partition(".")[0]
+            return _DRIVERS.get(module, f"the Python package {module}: pip install {module}")
+        seen = seen.__cause__ or seen.__context__
+    return ""
 
 
 def close_storage(storage: optuna.storages.BaseStorage) -> None:
@@ -218,22 +338,99 @@ def close_storage(storage: optuna.storages.BaseStorage) -> None:
 
 
 def _journal(path: Path) -> optuna.storages.BaseStorage:
-    """A journal file storage whose append lock a killed worker cannot leave for long.
+    """A journal file storage whose append lock a killed worker cannot leave for long, and
+    whose last line cut short does not spoil the next append (`_TornTailLock`).
 
     Optuna's default lock is a symbolic link to the journal's path as given: for a relative
     path (`--storage results/x.log`) the link dangles, and a link left by a kill -9 was never
     broken (the waiter spun for good); with an absolute path it was broken after 30 s. The
     lock here is a file named by the absolute path, broken after `JOURNAL_LOCK_GRACE_S`; a
     dangling link left by the old lock is removed (no live worker can hold one)."""
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+    from optuna.storages.journal import JournalFileBackend
 
     full = str(path.resolve())
     lock = Path(full + ".lock")
     if lock.is_symlink() and not lock.exists():
         with contextlib.suppress(FileNotFoundError):
             lock.unlink()
-    backend = JournalFileBackend(full, JournalFileOpenLock(full, JOURNAL_LOCK_GRACE_S))
+    backend = JournalFileBackend(full, _TornTailLock(Path(full), JOURNAL_LOCK_GRACE_S))
     return optuna.storages.JournalStorage(backend)
+
+
+class _TornTailLock(optuna.storages.journal.JournalFileOpenLock):
+    """Optuna's append lock of a journal file (`JournalFileOpenLock`, held for one append),
+    which, once held, sets aside a last line cut short (`set_aside_torn_tail`) before the
+    append writes after it.
+
+    A write cut short (the disk full, a file-size limit, a kill between Optuna's write and its
+    flush) leaves a last line without its newline; Optuna's reader skips it, but its next
+    append went on after it, making one line of the two that no reader can parse: that run
+    stopped with a JSONDecodeError and every later one refused the file. Under the lock no
+    other worker is mid-append, so such a line is a dead writer's."""
+
+    def __init__(self, journal: Path, grace_period: int) -> None:
+        super().__init__(str(journal), grace_period)
+        self.journal = journal
+
+    def acquire(self) -> bool:
+        got = super().acquire()
+        try:
+            set_aside_torn_tail(self.journal)
+        except BaseException:
+            self.release()
+            raise
+        return got
+
+
+TORN_SUFFIX = ".torn-"
+"""A journal's last line cut short is kept in `<journal>.torn-<offset>`, its byte offset in the
+journal (`set_aside_torn_tail`)."""
+
+
+def set_aside_torn_tail(journal: Path) -> Path | None:
+    """Move the journal's last line, if a write cut it short (no newline), to a file beside it
+    (`TORN_SUFFIX`): the file is kept whole first, then the journal truncated to its complete
+    lines, each of which a resume keeps; says where on stderr, in one line. Returns that file,
+    or None when the journal ends with a whole line. Call under the journal's append lock."""
+    from tuner.fileio import write_atomic
+
+    with open(journal, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return None
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return None
+        start = pos = size
+        while pos > 0:  # back to the last newline
+            step = min(pos, 1 << 16)
+            pos -= step
+            f.seek(pos)
+            i = f.read(step).rfind(b"\n")
+            if i >= 0:
+                start = pos + i + 1
+                break
+        else:
+            start = 0
+        f.seek(start)
+        tail = f.read()
+        aside = journal.with_name(f"{journal.name}{TORN_SUFFIX}{start}")
+        for n in itertools.count(2):  # an earlier tail cut at the same offset stays too
+            try:
+                write_atomic(aside, tail, exclusive=True)
+                break
+            except FileExistsError:
+                aside = journal.with_name(f"{journal.name}{TORN_SUFFIX}{start}-{n}")
+        f.truncate(start)
+        f.flush()
+        os.fsync(f.fileno())
+    print(
+        f"tune: storage {journal}: its last line was cut short (a write that did not finish: a "
+        f"full disk or a killed worker); its {len(tail)} bytes are set aside in {aside} and the "
+        "study goes on from every complete entry before it",
+        file=sys.stderr,
+    )
+    return aside
 
 
 def _sqlite_on_connect(dbapi_conn: object, _record: object) -> None:
@@ -259,15 +456,54 @@ def _sqlite_wal() -> None:
 
 @contextlib.contextmanager
 def study_lock(url: str, study: str) -> Iterator[bool]:
-    """An exclusive lock of one study on a file storage (held across processes of this host
-    and of hosts sharing the file system); yields True. For server storages (PostgreSQL,
-    MySQL) yields False without locking: their workers count and enqueue best-effort."""
+    """An exclusive lock of one study, held across processes and hosts; yields True. A file
+    storage's is a file lock beside it (hosts sharing the file system); a PostgreSQL storage's
+    a session advisory lock on its server (`_advisory_lock`), which the server releases when a
+    killed worker's connection ends. Other servers (MySQL) yield False without locking: their
+    workers count and enqueue best-effort."""
     path, _ = file_of(url)
-    if path is None:
+    if path is not None:
+        with locked(path.with_name(f"{path.name}.{study}")):
+            yield True
+    elif _postgres(url):
+        with _advisory_lock(url, f"verl-tuner study {study}"):
+            yield True
+    else:
         yield False
-        return
-    with locked(path.with_name(f"{path.name}.{study}")):
-        yield True
+
+
+_LOCK_ENGINES: dict[str, Any] = {}
+"""SQLAlchemy engines of this process's `_advisory_lock`s, by storage URL (a pool each)."""
+
+
+def _postgres(url: str) -> bool:
+    return url.partition("://")[0].partition("+")[0] == "postgresql"
+
+
+@contextlib.contextmanager
+def _advisory_lock(url: str, name: str) -> Iterator[None]:
+    """PostgreSQL's session advisory lock named `name` (its key: the name's 8-byte BLAKE2b),
+    on a connection of its own, held for the block; the server releases it if the process
+    dies."""
+    import hashlib
+
+    import sqlalchemy
+
+    engine = _LOCK_ENGINES.get(url)
+    if engine is None:
+        engine = _LOCK_ENGINES[url] = sqlalchemy.create_engine(
+            driver_url(url), pool_size=1, pool_pre_ping=True
+        )
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    key = int.from_bytes(digest, "big", signed=True)
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": key})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+            conn.commit()
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 from tuner.errors import UserError
 from tuner.fileio import remove_leftovers, write_atomic
 from tuner.results import COLUMNS, SCHEMA_VERSION, TrialRecord, _fmt, locked
+from tuner.study.storage import label_file, same_storage
 
 
 def _damage(text: str) -> tuple[list[str], list[list[str]], str]:
@@ -77,10 +78,18 @@ def check_leaderboard(
     i_study = header.index("study") if "study" in header else None
     for cells in rows:
         other = cells[i_storage] if i_storage is not None else ""
-        if other and other != label:
+        if other and not same_storage(other, label, path.parent):
+            _, file = label_file(other, path.parent)
+            where = other if file is None else str(file)
+            if file is not None and not file.exists():
+                raise UserError(
+                    f"{path} was written by storage {other}, not by {label}, and {file} is not "
+                    "there: move that storage back there, or pass --results-dir with another "
+                    "folder"
+                )
             raise UserError(
                 f"{path} was written by storage {other}, not by {label}: pass --storage "
-                f"{other.partition(':')[2] or other}, or --results-dir with another folder"
+                f"{where}, or --results-dir with another folder"
             )
         name = cells[i_study] if i_study is not None else ""
         if name != study:
