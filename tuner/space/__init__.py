@@ -94,10 +94,12 @@ from tuner.space.rules import (
     validate_layout,
 )
 from tuner.space.sampling import (
+    SAMPLER_PARAMS,
     RandomSuggester,
     SearchSpace,
     SpaceLimits,
     Suggester,
+    check_pins,
     params_for,
     sample,
 )
@@ -144,6 +146,7 @@ __all__ = [
     "ROLLOUT_DP_CHOICES",
     "RULES",
     "RandomSuggester",
+    "SAMPLER_PARAMS",
     "Rule",
     "SearchSpace",
     "SpaceLimits",
@@ -157,6 +160,7 @@ __all__ = [
     "balanced_split",
     "broken_rules",
     "check_candidate",
+    "check_pins",
     "choice_problems",
     "knob_overrides",
     "layout_model_rules",

@@ -30,6 +30,27 @@ class Suggester(Protocol):
     def suggest_int(self, name: str, low: int, high: int) -> int: ...
 
 
+SAMPLER_PARAMS: dict[str, str] = {k.sampler_param: k.name for k in KNOBS if k.choices is not None}
+"""Every parameter sample() suggests -> its knob: the names a pin (SpaceLimits.pinned) uses."""
+
+
+def check_pins(pinned: Collection[tuple[str, Any]]) -> None:
+    """Raise ValueError for a pin of a name sample() never suggests: such a pin would pin
+    nothing and its knob would still be searched. A knob's name where its sampler parameter
+    differs (rollout_dp for rollout_dp_log2) is named with the parameter to use."""
+    by_knob = {k: p for p, k in SAMPLER_PARAMS.items() if p != k}
+    bad = [
+        f"{n!r} (the sampler's parameter is {by_knob[n]!r})" if n in by_knob else repr(n)
+        for n, _ in pinned
+        if n not in SAMPLER_PARAMS
+    ]
+    if bad:
+        raise ValueError(
+            f"pinned {', '.join(bad)}: not a parameter sample() suggests; pin the sampler's "
+            "names (tuner.space.SAMPLER_PARAMS)"
+        )
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -51,6 +72,9 @@ class SpaceLimits:
     recompute_modules_refused: tuple[str, ...] = ()
     """Selective-recompute modules the runner cannot build: the module sets holding one are
     not offered (the megatron runner's worker: megatron_refusals.unbuilt_recompute_modules)."""
+
+    def __post_init__(self) -> None:
+        check_pins(self.pinned)
 
     def pin(self, name: str) -> tuple[bool, Any]:
         for k, v in self.pinned:
