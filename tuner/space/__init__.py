@@ -95,6 +95,7 @@ from tuner.space.rules import (
 )
 from tuner.space.sampling import (
     SAMPLER_PARAMS,
+    FollowSuggester,
     RandomSuggester,
     SearchSpace,
     SpaceLimits,
@@ -102,6 +103,7 @@ from tuner.space.sampling import (
     check_pins,
     params_for,
     sample,
+    walk,
 )
 from tuner.space.worker_key import WorkerKey
 
@@ -117,6 +119,7 @@ __all__ = [
     "Choices",
     "Drawn",
     "ENFORCE_EAGER_CHOICES",
+    "FollowSuggester",
     "GPU_MEMORY_UTILIZATIONS",
     "KNOBS",
     "KNOB_BY_NAME",
@@ -168,6 +171,7 @@ __all__ = [
     "min_token_budget",
     "modules_of",
     "params_for",
+    "walk",
     "recompute_layers_problems",
     "round_up",
     "sample",
