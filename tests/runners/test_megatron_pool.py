@@ -7,7 +7,10 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import pytest
 
 from tuner.runners.megatron_pool import WorkerPool
 from tuner.runners.megatron_worker.protocol import (
@@ -163,26 +166,54 @@ def test_progress_lines_skip_a_partial_line(tmp_path: Path):
     assert got[0].tokens_per_s_per_gpu(4) == 200.0
 
 
-def _served(tmp: Path, specs: list[str]) -> tuple[Path, list[subprocess.Popen[bytes]]]:
-    """Two processes (rank 0 and another) serving `specs` as trial requests from one pool."""
-    (tmp / "serve.py").write_text(SERVE)
-    pool = tmp / "pool"
-    pool.mkdir()
-    repo = str(Path(__file__).resolve().parents[2])
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(tmp / "serve.py"), str(pool), who], env={"PYTHONPATH": repo}
-        )
-        for who in ("lead", "other")
-    ]
-    for seq, text in enumerate(specs, 1):
-        (tmp / f"spec{seq}").write_text(text)
-        write_request(pool, seq, "trial", spec=tmp / f"spec{seq}", out=tmp / f"out{seq}")
-    return pool, procs
+Served = Callable[[list[str]], tuple[Path, list[subprocess.Popen[bytes]]]]
 
 
-def test_serve_runs_requests_in_order_on_every_rank_until_exit(tmp_path: Path):
-    pool, procs = _served(tmp_path, ["a", "b", "c"])
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    """Starts two processes (rank 0 and another) serving `specs` as trial requests from one
+    pool; whatever the test's outcome, the ones still running are killed at its end, so a
+    failing test leaves no serve.py behind."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(specs: list[str]) -> tuple[Path, list[subprocess.Popen[bytes]]]:
+        (tmp_path / "serve.py").write_text(SERVE)
+        pool = tmp_path / "pool"
+        pool.mkdir()
+        repo = str(Path(__file__).resolve().parents[2])
+        for who in ("lead", "other"):
+            started.append(
+                subprocess.Popen(
+                    [sys.executable, str(tmp_path / "serve.py"), str(pool), who],
+                    env={"PYTHONPATH": repo},
+                )
+            )
+        for seq, text in enumerate(specs, 1):
+            (tmp_path / f"spec{seq}").write_text(text)
+            write_request(
+                pool, seq, "trial", spec=tmp_path / f"spec{seq}", out=tmp_path / f"out{seq}"
+            )
+        return pool, list(started)
+
+    try:
+        yield start
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def _wait_for(done: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Until `done()` holds (an AssertionError after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_serve_runs_requests_in_order_on_every_rank_until_exit(tmp_path: Path, served: Served):
+    pool, procs = served(["a", "b", "c"])
     write_request(pool, 4, "exit")
     assert [p.wait(timeout=30) for p in procs] == [0, 0]
     assert (pool / "served-lead").read_text() == (pool / "served-other").read_text() == "a\nb\nc\n"
@@ -195,8 +226,8 @@ def test_serve_runs_requests_in_order_on_every_rank_until_exit(tmp_path: Path):
     assert not (pool / LEAVING).exists()
 
 
-def test_a_failing_request_writes_its_result_and_ends_the_process(tmp_path: Path):
-    pool, procs = _served(tmp_path, ["a", "fail", "c"])
+def test_a_failing_request_writes_its_result_and_ends_the_process(tmp_path: Path, served: Served):
+    pool, procs = served(["a", "fail", "c"])
     assert [p.wait(timeout=30) for p in procs] == [5, 5]  # the exit status on_failure gave
     assert json.loads((tmp_path / "out2").read_text()) == {"status": "failed", "reason": "boom"}
     assert (pool / "served-lead").read_text() == "a\n"  # nothing served after the failure
@@ -204,10 +235,18 @@ def test_a_failing_request_writes_its_result_and_ends_the_process(tmp_path: Path
     assert not (tmp_path / "out3").exists()
 
 
-def test_serve_waits_for_the_next_request(tmp_path: Path):
-    pool, procs = _served(tmp_path, ["a"])
-    time.sleep(0.3)
-    assert all(p.poll() is None for p in procs) and done_path(pool, 1).exists()
+def test_serve_waits_for_the_next_request(tmp_path: Path, served: Served):
+    pool, procs = served(["a"])
+    # both ranks have served request 1 (rank 0 marks it done once all have): they now wait
+    served_other = pool / "served-other"
+    _wait_for(
+        lambda: (
+            done_path(pool, 1).exists()
+            and served_other.exists()
+            and served_other.read_text() == "a\n"
+        )
+    )
+    assert all(p.poll() is None for p in procs)
     (tmp_path / "spec2").write_text("b")
     write_request(pool, 2, "trial", spec=tmp_path / "spec2", out=tmp_path / "out2")
     write_request(pool, 3, "exit")

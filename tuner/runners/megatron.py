@@ -66,7 +66,7 @@ from tuner.runners.megatron_worker.protocol import ProgressWatch
 from tuner.runners.megatron_worker.spec import layout_to_dict
 from tuner.runners.megatron_worker.trial import more_steps, plan_phase
 from tuner.runners.process import Launch, ProcessResult, run_process
-from tuner.space import Candidate, SpaceLimits, worker_values
+from tuner.space import Candidate, SpaceLimits, check_pins, worker_values
 from tuner.workload import Workload
 
 __all__ = ["MegatronRunner", "megatron_refusals", "to_trial_result", "worker_spec"]
@@ -102,8 +102,8 @@ WORKER_ENV = {
 }
 MEGATRON_PINNED = (
     ("rollout_tp", 1),
-    ("rollout_dp", 1),
-    ("rollout_ep", 1),
+    ("rollout_dp_log2", 0),
+    ("rollout_expert_parallel", False),
     ("gpu_memory_utilization", 0.6),
     ("max_num_batched_tokens_factor", 1),
     ("max_num_seqs", 256),
@@ -119,7 +119,9 @@ MEGATRON_PINNED = (
     ("moe_permute_fusion", False),
 )
 """Sampler parameters the worker does not measure: generation (vLLM is not run) and the kernel
-choices it cannot make here. The log-prob knobs and use_fused_kernels are measured."""
+choices it cannot make here. The log-prob knobs and use_fused_kernels are measured. Names are
+sample()'s parameters (rollout_dp_log2, not the knob rollout_dp), checked on import."""
+check_pins(MEGATRON_PINNED)
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 
 

@@ -56,7 +56,7 @@ from tuner.runners.megatron_pool import WorkerPool
 from tuner.runners.process import log_tail
 from tuner.runners.vllm_gen import EngineCfg, GenResult, GenSpec, classify_failure
 from tuner.runners.vllm_gen import parse_gen_result as _parse
-from tuner.space import Candidate
+from tuner.space import Candidate, check_pins
 from tuner.space.rules import RULES, Rule, broken_rules
 from tuner.workload import Workload
 
@@ -73,6 +73,7 @@ ROLLOUT_SEARCHED = (
 """The megatron runner's pins that measured generation frees (sampler parameter names)."""
 ONE_REPLICA_PINS = (("rollout_dp_log2", 0), ("rollout_expert_parallel", False))
 """Rollout DP and EP (MoE): one offline engine of data parallel 1 is what the runner runs."""
+check_pins(ONE_REPLICA_PINS)
 MEASURED = "generation=measured(vllm)"
 """What a row's `extra` says where its generation was measured (else generation=predicted)."""
 

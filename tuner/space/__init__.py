@@ -94,12 +94,16 @@ from tuner.space.rules import (
     validate_layout,
 )
 from tuner.space.sampling import (
+    SAMPLER_PARAMS,
+    FollowSuggester,
     RandomSuggester,
     SearchSpace,
     SpaceLimits,
     Suggester,
+    check_pins,
     params_for,
     sample,
+    walk,
 )
 from tuner.space.worker_key import WorkerKey
 
@@ -115,6 +119,7 @@ __all__ = [
     "Choices",
     "Drawn",
     "ENFORCE_EAGER_CHOICES",
+    "FollowSuggester",
     "GPU_MEMORY_UTILIZATIONS",
     "KNOBS",
     "KNOB_BY_NAME",
@@ -144,6 +149,7 @@ __all__ = [
     "ROLLOUT_DP_CHOICES",
     "RULES",
     "RandomSuggester",
+    "SAMPLER_PARAMS",
     "Rule",
     "SearchSpace",
     "SpaceLimits",
@@ -157,6 +163,7 @@ __all__ = [
     "balanced_split",
     "broken_rules",
     "check_candidate",
+    "check_pins",
     "choice_problems",
     "knob_overrides",
     "layout_model_rules",
@@ -164,6 +171,7 @@ __all__ = [
     "min_token_budget",
     "modules_of",
     "params_for",
+    "walk",
     "recompute_layers_problems",
     "round_up",
     "sample",

@@ -30,6 +30,27 @@ class Suggester(Protocol):
     def suggest_int(self, name: str, low: int, high: int) -> int: ...
 
 
+SAMPLER_PARAMS: dict[str, str] = {k.sampler_param: k.name for k in KNOBS if k.choices is not None}
+"""Every parameter sample() suggests -> its knob: the names a pin (SpaceLimits.pinned) uses."""
+
+
+def check_pins(pinned: Collection[tuple[str, Any]]) -> None:
+    """Raise ValueError for a pin of a name sample() never suggests: such a pin would pin
+    nothing and its knob would still be searched. A knob's name where its sampler parameter
+    differs (rollout_dp for rollout_dp_log2) is named with the parameter to use."""
+    by_knob = {k: p for p, k in SAMPLER_PARAMS.items() if p != k}
+    bad = [
+        f"{n!r} (the sampler's parameter is {by_knob[n]!r})" if n in by_knob else repr(n)
+        for n, _ in pinned
+        if n not in SAMPLER_PARAMS
+    ]
+    if bad:
+        raise ValueError(
+            f"pinned {', '.join(bad)}: not a parameter sample() suggests; pin the sampler's "
+            "names (tuner.space.SAMPLER_PARAMS)"
+        )
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -51,6 +72,9 @@ class SpaceLimits:
     recompute_modules_refused: tuple[str, ...] = ()
     """Selective-recompute modules the runner cannot build: the module sets holding one are
     not offered (the megatron runner's worker: megatron_refusals.unbuilt_recompute_modules)."""
+
+    def __post_init__(self) -> None:
+        check_pins(self.pinned)
 
     def pin(self, name: str) -> tuple[bool, Any]:
         for k, v in self.pinned:
@@ -305,3 +329,72 @@ class RandomSuggester:
         v = self.rng.randint(low, high)
         self.params[name] = v
         return v
+
+
+class FollowSuggester:
+    """Answers each suggestion with the value `params` gives it where that value is offered,
+    else repairs it (an int to the nearest bound, a categorical to its first choice), and
+    records what was offered: the neighbours of a candidate for a search that moves one
+    sampler parameter at a time (tuner.study.warmstart.cost_model_search)."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.want = params
+        self.params: dict[str, Any] = {}
+        """The parameters suggested, as answered: what enqueue_trial takes for this candidate."""
+        self.offered: dict[str, list[Any]] = {}
+        """Each suggested parameter's choices, given the values answered before it."""
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        self.offered[name] = list(choices)
+        v = self.want.get(name, choices[0])
+        if v not in choices:
+            v = choices[0]
+        self.params[name] = v
+        return v
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        self.offered[name] = list(range(low, high + 1))
+        v = min(max(int(self.want.get(name, low)), low), high)
+        self.params[name] = v
+        return v
+
+
+class _PathSuggester:
+    """Takes the `path[i]`-th choice at the i-th suggestion (the first beyond the path) and
+    records each suggestion's choice count: one leaf of the space's tree (`walk`)."""
+
+    def __init__(self, path: list[int]) -> None:
+        self.path = path
+        self.taken: list[int] = []
+        self.counts: list[int] = []
+        self.params: dict[str, Any] = {}
+
+    def _pick(self, name: str, choices: Sequence[Any]) -> Any:
+        i = self.path[len(self.taken)] if len(self.taken) < len(self.path) else 0
+        self.taken.append(i)
+        self.counts.append(len(choices))
+        self.params[name] = choices[i]
+        return choices[i]
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        return self._pick(name, list(choices))
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        return int(self._pick(name, list(range(low, high + 1))))
+
+
+def walk(space: SearchSpace) -> Iterator[tuple[Candidate, dict[str, Any]]]:
+    """Every candidate sample() can draw from `space`, each once, with its sampler parameters:
+    the exhaustive enumeration (depth first over the choices each suggestion offers given the
+    values before it). Small spaces only: its size is the product of the choices."""
+    path: list[int] = []
+    while True:
+        s = _PathSuggester(path)
+        c = sample(s, space)
+        yield c, s.params
+        i = len(s.taken) - 1
+        while i >= 0 and s.taken[i] + 1 >= s.counts[i]:
+            i -= 1
+        if i < 0:
+            return
+        path = [*s.taken[:i], s.taken[i] + 1]

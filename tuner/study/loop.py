@@ -39,6 +39,7 @@ from tuner.study.objective import (
     propose,
     ran_workload,
     recovered_record,
+    search_score,
 )
 from tuner.study.request import Progress, StudySummary, TuneRequest
 from tuner.study.storage import (
@@ -226,7 +227,18 @@ class _Study:
                     params += hand_grid_params(
                         self.space, lambda c: propose(req, c, self.learner).unfit
                     )
-                if req.warm_start:
+                if req.warm_start and req.runner.name == "estimate":
+                    # the cost model is the objective: the trials are its search's best
+                    params += warm_start_params(
+                        self.space,
+                        req.profile,
+                        req.seed,
+                        req.runner,
+                        best=req.trials,
+                        headroom_gib=req.headroom_gib,
+                        search=search_score(req, self.learner),
+                    )[: max(1, req.trials - len(params))]
+                elif req.warm_start:
                     params += warm_start_params(
                         self.space, req.profile, req.seed, req.runner, headroom_gib=req.headroom_gib
                     )

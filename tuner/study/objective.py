@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -111,6 +112,20 @@ def propose(req: TuneRequest, c: Candidate, learner: StudyLearner) -> Proposal:
             window(per_step * learner.time_scale) / learner.time_scale, req.trial_timeout_s
         ),
     )
+
+
+def search_score(req: TuneRequest, learner: StudyLearner) -> Callable[[Candidate], float]:
+    """The study's view of a candidate as a number for the estimator's search
+    (warmstart.cost_model_search): its predicted tokens/s/GPU where `propose` lets it run, else
+    below 0 by its predicted device total (the smaller, the nearer to fitting)."""
+
+    def score(c: Candidate) -> float:
+        prop = propose(req, c, learner)
+        if prop.unfit:
+            return -1.0 - prop.device_gib
+        return prop.predicted.tokens_per_s_per_gpu
+
+    return score
 
 
 def result_of_record(rec: TrialRecord, same_as: int) -> TrialResult:

@@ -4,7 +4,7 @@ per study, the predicted-best first."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,15 @@ from tuner.estimate import Profile, estimate
 from tuner.references import reference_candidates
 from tuner.runners.base import Predicted, Runner
 from tuner.runners.estimate import EstimateRunner
-from tuner.space import Candidate, RandomSuggester, SearchSpace, params_for, sample, validate
+from tuner.space import (
+    Candidate,
+    FollowSuggester,
+    RandomSuggester,
+    SearchSpace,
+    params_for,
+    sample,
+    validate,
+)
 
 WARM_START_POOL = 2000
 """Random candidates the estimator ranks before a new study starts."""
@@ -72,13 +80,16 @@ def warm_start_params(
     pool: int = WARM_START_POOL,
     best: int = WARM_START_BEST,
     headroom_gib: float | None = None,
+    search: Callable[[Candidate], float] | None = None,
 ) -> list[tuple[dict[str, Any], str]]:
     """(sampler params, origin) pairs in launch order: the estimator's best of a random pool
     and the reference layouts valid here (scaled to this GPU count where the reference used
     more), each ordered by predicted throughput, interleaved with the predicted best first:
     best, reference, 2nd best, reference, ... A slow (e.g. offloaded) reference layout thus
     never goes first; each candidate appears once. `headroom_gib`: the study's (--headroom-gib),
-    None for the default."""
+    None for the default. `search` (the study's score of a candidate, `cost_model_search`'s):
+    the estimator's best are then those of a search climbing from the pool's best layouts,
+    not the pool's own, so they hold the cost model's best over the space."""
     refs: list[tuple[float, dict[str, Any], str]] = []
     scored: list[tuple[float, dict[str, Any], str]] = []
     for cand in scored_candidates(space, profile, runner, seed, pool, headroom_gib):
@@ -87,6 +98,14 @@ def warm_start_params(
             into.append((cand.predicted.tokens_per_s_per_gpu, cand.params, cand.origin))
     refs.sort(key=lambda x: -x[0])
     scored.sort(key=lambda x: -x[0])
+    if search is not None:
+        starts: dict[Any, dict[str, Any]] = {}  # the pool's best candidate of each layout
+        for _, p, _ in scored:
+            starts.setdefault(p.get("layout"), p)
+        found = cost_model_search(space, search, list(starts.values())[:SEARCH_STARTS])
+        scored = sorted(
+            ((v, p, "estimator") for v, p in found.values() if v > 0), key=lambda x: -x[0]
+        )
     out: list[tuple[dict[str, Any], str]] = []
     seen: set[tuple[Any, ...]] = set()
 
@@ -156,3 +175,77 @@ def enqueue_warm_start(study: optuna.Study, params: list[tuple[dict[str, Any], s
         study.enqueue_trial(p, user_attrs={"origin": origin}, skip_if_exists=True)
     study.set_user_attr(WARM_START_ATTR, len(params))
     return True
+
+
+SEARCH_STARTS = 8
+"""Layouts whose best candidate in the warm start's pool `cost_model_search` climbs from."""
+
+
+def cost_model_search(
+    space: SearchSpace,
+    score: Callable[[Candidate], float],
+    starts: Iterable[dict[str, Any]],
+) -> dict[tuple[Any, ...], tuple[float, dict[str, Any]]]:
+    """The cost model's best over `space`, by coordinate ascent from each of `starts` (sampler
+    parameters): one sampler parameter at a time, every value the space offers it given the
+    others (the parameters after it repaired where that value changes their choices:
+    FollowSuggester), the best taken, until a whole pass over the parameters improves nothing.
+    When no single move improves, the best move of two parameters at once (the layout aside)
+    is taken and the climb goes on: the best lies on the memory limit, where one knob must give
+    what another takes. `score`: higher is better, above 0 where the candidate can run, below
+    where it cannot. Returns every candidate scored, by its sampler parameters: (score,
+    parameters).
+
+    Each pass scores every layout of the space against the current other knobs, so a start's
+    layout is never the end of it; tests/test_estimator_search.py checks the result against
+    an exhaustive enumeration (space.walk) of smaller spaces."""
+    seen: dict[tuple[Any, ...], tuple[float, dict[str, Any]]] = {}
+
+    def scored(want: dict[str, Any]) -> tuple[float, dict[str, Any], dict[str, list[Any]]]:
+        s = FollowSuggester(want)
+        c = sample(s, space)
+        key = tuple(sorted(s.params.items()))
+        if key not in seen:
+            seen[key] = (score(c), s.params)
+        return seen[key][0], s.params, s.offered
+
+    def climb(
+        best: float, params: dict[str, Any], offered: dict[str, list[Any]]
+    ) -> tuple[float, dict[str, Any], dict[str, list[Any]]]:
+        improved = True
+        while improved:
+            improved = False
+            for name in list(offered):
+                if name not in offered:  # a move made it a knob this candidate does not draw
+                    continue
+                for choice in offered[name]:
+                    if choice == params[name]:
+                        continue
+                    v, p, o = scored({**params, name: choice})
+                    if v > best:
+                        best, params, offered, improved = v, p, o, True
+        return best, params, offered
+
+    def pair_move(
+        best: float, params: dict[str, Any], offered: dict[str, list[Any]]
+    ) -> tuple[float, dict[str, Any], dict[str, list[Any]]] | None:
+        names = [n for n in offered if n != "layout" and len(offered[n]) > 1]
+        top = None
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                for va in offered[a]:
+                    for vb in offered[b]:
+                        if va == params[a] or vb == params[b]:
+                            continue
+                        v, p, o = scored({**params, a: va, b: vb})
+                        if v > best and (top is None or v > top[0]):
+                            top = (v, p, o)
+        return top
+
+    for start in starts:
+        got: tuple[float, dict[str, Any], dict[str, list[Any]]] | None = climb(*scored(start))
+        while got is not None:
+            got = pair_move(*got)
+            if got is not None:
+                got = climb(*got)
+    return seen
