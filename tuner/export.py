@@ -107,7 +107,6 @@ def export_recipe(
     )
 
 
-
 def _line_of(rows: list[dict[str, str]], row: dict[str, str]) -> int:
     """The line of `row` in its file (the header is line 1)."""
     return next((i for i, r in enumerate(rows, 2) if r is row), 0) or rows.index(row) + 2
