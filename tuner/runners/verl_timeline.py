@@ -22,15 +22,21 @@ CLOCK_NAME = "log-clock.csv"
 CLOCK_PERIOD_S = 0.5
 
 MILESTONES: dict[str, tuple[str, bool]] = {
-    "ray_init": ("ray init kwargs", False),
-    "rollout_weights_loaded": ("Model loading took", False),
-    "rollout_graphs_captured": ("Graph capturing finished", True),
+    "driver": ("ray init kwargs", False),
+    "ray_up": ("Started a local Ray instance", False),
+    "actor_built": ("actor and ref model engine initialized", False),
+    "rollout_server": ("['serve',", False),
+    "rollout_graphs": ("Capturing CUDA graphs", True),
     "training_loop": ("Training Progress", False),
 }
-"""Milestone -> (text of its log line, whether the last occurrence counts). Sources: verl 0.9.1
-trainer/main_ppo.py prints `ray init kwargs` before ray.init; vLLM 0.24's model runner logs
-`Model loading took` and `Graph capturing finished`; verl's trainer opens a tqdm bar
-`Training Progress` before step 1."""
+"""Milestone -> (text of its log line, whether the last occurrence counts), in launch order, as
+verl 0.9.1 logged them on a 2 x H100 host (results/tail4k-h100-x2): trainer/main_ppo.py prints
+`ray init kwargs` once Hydra has composed the config, before ray.init; Ray's `Started a local
+Ray instance`; the TaskRunner's `actor and ref model engine initialized` once the Megatron
+workers are built; the vLLM server's argument list (`['serve',`) as each rollout server
+starts; vLLM's `Capturing CUDA graphs` progress, the last one when every server is ready;
+verl's tqdm bar `Training Progress` before step 1. (vLLM's INFO lines, `Model loading took`
+and the like, are not in verl's log: its servers log at WARNING.)"""
 _STEP_LINE = re.compile(rb"step:(\d+) - ")
 
 
