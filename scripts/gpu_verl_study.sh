@@ -13,7 +13,8 @@
 # an offline tokenizer of its whole vocabulary: scripts/verl_model.py), prompts of 256 tokens,
 # responses of exactly 4096 (ignore_eos), 8 prompts x 4 responses, mini batch 4 (2 updates).
 # MODEL_CONFIG (a config.json), WORKLOAD (tune's workload options), GPUS (default: every GPU of
-# the host) and STUDY (default verl4k-<gpu>-x<GPUS>) set another study.
+# the host) and STUDY (default verl4k-<gpu>-x<GPUS>) set another study; HAND (default
+# --verl-example; empty for none, or --hand-grid) the hand rows measured first.
 # RESUME_FROM=<an earlier RESULTS folder or pack>: the study goes on from its storage; RESULTS must
 # then be the folder the study began in (its CSV names its storage there): /tmp/vt-res4 for the
 # committed results/verl4k-h100-x1 (copy its .sqlite3 as studies.sqlite3 beside the CSV).
@@ -50,7 +51,7 @@ case $cmd in
     setsid nohup python3 -m tuner --runner verl --verl-bridge mbridge \
       --model "$MODEL_CONFIG" --model-path "$MODEL_DIR" \
       --gpus "$GPUS" --gpus-per-node "$GPUS" --gpu "$kind" $WORKLOAD \
-      --verl-example --trials "$trials" --timeout "$budget" \
+      ${HAND---verl-example} --trials "$trials" --timeout "$budget" \
       --trial-timeout 900 --study "$study" --results-dir "$res" --recipes-dir "$res/recipes" \
       --no-progress ${EXTRA:-} > "$res/$study.console.log" 2>&1 < /dev/null &
     echo "gpu_verl_study: $study started (pid $!), budget $budget s, console $res/$study.console.log"
@@ -75,6 +76,7 @@ case $cmd in
     find "$tmp" -name '*.parquet' -delete
     tar czf "$out/$study.tgz" -C "$tmp" . && rm -rf "$tmp"
     cp "$res/$study.csv" "$out/" 2>/dev/null
+    cp "$res/studies.sqlite3" "$out/$study.sqlite3" 2>/dev/null
     echo "gpu_verl_study: packed $(du -h "$out/$study.tgz" | cut -f1) into $out"
     ;;
   *) echo "gpu_verl_study: start, status or pack, not $cmd" >&2; exit 2 ;;
