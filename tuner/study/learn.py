@@ -17,9 +17,12 @@ from tuner.estimate.time import bottleneck_of
 from tuner.fit.online import MemoryGuard, MemoryObservation, time_scales
 from tuner.results import Status, TrialRecord
 
-FIRST_LAUNCH_S = 240.0
-"""Launch cost assumed before the study has measured one (a host's first launch compiles and
-loads caches, so it is the slowest)."""
+FIRST_LAUNCH_S = 550.0
+"""Launch cost (start-up + teardown, `launch_s`) assumed before the study has measured one: the
+longest measured, 368 s (results/verl4k-h100-x1, start-ups 257-368 s on one H100; 252-306 s on
+2 x H100 in results/tail4k-h100-x2, scripts/launch_cost.out.txt), times LAUNCH_MARGIN. It was
+240 s, under every measured start-up: tail4k-h100-x1's first trial (1 GPU, Qwen3-1.7B) was
+stopped at its 411-s limit after step 1, with verl still running."""
 LAUNCH_MARGIN = 1.5
 """Later launches get the slowest launch seen times this."""
 MEASURE_MARGIN = 3.0

@@ -85,6 +85,14 @@ def _counts(t: optuna.trial.FrozenTrial) -> bool:
     return t.state in FINISHED and str(status or "") not in _COUNTED_OFF
 
 
+ESTIMATE_QUEUE_MAX = 256
+"""At most this many of the cost-model search's best are enqueued (the estimator's warm start):
+enough to hold its best and the runners-up, few enough to enqueue in seconds; a study of more
+trials samples the rest. Enqueuing one per trial made `--trials 5000` write thousands of
+waiting trials before the first row (tests/test_study_faults.py, test_storage_journal_tail.py
+found it)."""
+
+
 class _Study:
     """One worker's view of the study: the Optuna study, its records, the CSV view."""
 
@@ -234,10 +242,10 @@ class _Study:
                         req.profile,
                         req.seed,
                         req.runner,
-                        best=req.trials,
+                        best=min(req.trials, ESTIMATE_QUEUE_MAX),
                         headroom_gib=req.headroom_gib,
                         search=search_score(req, self.learner),
-                    )[: max(1, req.trials - len(params))]
+                    )[: max(1, min(req.trials, ESTIMATE_QUEUE_MAX) - len(params))]
                 elif req.warm_start:
                     params += warm_start_params(
                         self.space, req.profile, req.seed, req.runner, headroom_gib=req.headroom_gib
