@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -179,3 +180,40 @@ def test_show_runs_under_a_400_mb_memory_limit(board: Path, tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "estimate" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("gpu_memory_utilization", 0.97),  # vLLM takes it; space/rules.py said 0.1..0.95
+        ("gpu_memory_utilization", 0.05),
+        ("gpu_memory_utilization", 1.5),
+        ("gpu_memory_utilization", 0.0),
+        ("max_num_seqs", 0),
+        ("max_num_seqs", 2**17),
+    ],
+)
+def test_the_rules_and_the_vllm_worker_ask_the_knobs_bounds(name: str, value: float) -> None:
+    """Issue 31: a knob's bounds are said once, on its table entry; validate() (a CSV cell's
+    candidate) and the vLLM worker's engine refuse exactly what `Knob.bounds` refuses, in its
+    words (before, the rules said 0.1..0.95 and the engine (0, 1])."""
+    from tuner.hardware import Cluster, get_gpu
+    from tuner.models import get_model
+    from tuner.runners.vllm_gen.spec import EngineCfg
+    from tuner.space import Candidate, ParallelLayout, validate
+    from tuner.space.knobs import knob_refusal
+    from tuner.workload import get_workload
+
+    why = knob_refusal(name, value)
+    c = Candidate(layout=ParallelLayout(world=8, tp=4), **{name: value})
+    model, cluster = get_model("qwen2.5-7b"), Cluster(gpu=get_gpu("h100"), num_gpus=8)
+    broken = [b for b in validate(c, model, cluster, get_workload("grpo-short")) if name in b]
+    engine = dict(model="m", config_sha="0", tensor_parallel_size=1, gpu_memory_utilization=0.6,
+                  max_num_seqs=256, max_num_batched_tokens=8192, enforce_eager=False,
+                  max_model_len=8192)  # fmt: skip
+    if why is None:
+        assert broken == [] and EngineCfg(**{**engine, name: value})
+    else:
+        assert broken == [f"{name}({value}) {why}"]
+        with pytest.raises(ValueError, match=re.escape(why)):
+            EngineCfg(**{**engine, name: value})

@@ -28,10 +28,10 @@ PINS = (
     ("attention_backend", "flash"),
     ("use_fused_kernels", True),
     ("enforce_eager", False),
-    ("max_num_batched_tokens_factor", 1),
+    ("max_num_batched_tokens", 0),
     ("use_dynamic_bsz", True),
     ("recompute_method", "uniform"),
-    ("log_prob_max_token_len_factor", 4.0),
+    ("log_prob_max_token_len_per_gpu", 40960),  # 4 samples of 10240 tokens at cp 1
     ("recompute_num_layers", 1),
     ("max_num_seqs", 256),
     ("moe_token_dispatcher_type", "alltoall"),

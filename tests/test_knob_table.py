@@ -34,9 +34,10 @@ VERL = REPO / "results" / "verl4k-h100-x1.csv"
 """A committed leaderboard of the current schema (3)."""
 
 KNOB_NAMES = frozenset(
-    {k.name for k in KNOBS} | {k.sampler_param for k in KNOBS} | set(CANDIDATE_FIELDS)
-) - {"layout"}
-"""Knob names as the table spells them: the knobs, their sampler parameters, their columns."""
+    {k.name for k in KNOBS} | {k.old_param for k in KNOBS} | set(CANDIDATE_FIELDS)
+) - {"layout", ""}
+"""Knob names as the table spells them: the knobs, their sampler parameters' older names, their
+columns."""
 
 ALLOWED: dict[tuple[str, tuple[str, ...]], str] = {
     ("tuner/references.py", ("cp", "ep", "pp", "tp")): (
@@ -49,7 +50,7 @@ ALLOWED: dict[tuple[str, tuple[str, ...]], str] = {
     ("tuner/runners/megatron_refusals.py", ("moe_token_dispatcher_type",
                                             "recompute_num_layers")): "rule names, as above",
     ("tuner/runners/megatron_generation.py", ("enforce_eager", "gpu_memory_utilization",
-                                              "max_num_batched_tokens_factor", "max_num_seqs",
+                                              "max_num_batched_tokens", "max_num_seqs",
                                               "rollout_tp")): (
         "the runner's own pins that measured generation frees (a fact of that runner)"
     ),

@@ -1,4 +1,4 @@
-"""Pins name the sampler's parameters (issue 30 class 9): a pin of a name the sampler does not
+"""Pins name the knobs (issue 30 class 9, issue 31): a pin of a name the sampler does not
 suggest is refused where it is declared, and a pinned knob never varies."""
 
 from __future__ import annotations
@@ -17,27 +17,71 @@ from tuner.space import (
     SearchSpace,
     SpaceLimits,
     check_pins,
+    current_fingerprint,
+    current_params,
     sample,
 )
+from tuner.space.knobs import knob_refusal
 from tuner.workload import get_workload
 
 
 def test_a_pin_of_a_name_the_sampler_does_not_have_is_refused() -> None:
-    # the knob's name where its sampler parameter differs: the bug of MEGATRON_PINNED
-    with pytest.raises(ValueError, match="rollout_dp.*rollout_dp_log2"):
-        SpaceLimits(pinned=(("rollout_dp", 1),))
-    with pytest.raises(ValueError, match="rollout_ep.*rollout_expert_parallel"):
-        check_pins((("rollout_ep", 1),))
+    # a sampler parameter's older name (issue 31: one name per knob) names the knob to pin
+    with pytest.raises(ValueError, match="rollout_dp_log2.*now the knob 'rollout_dp'"):
+        SpaceLimits(pinned=(("rollout_dp_log2", 0),))
+    with pytest.raises(ValueError, match="rollout_expert_parallel.*'rollout_ep'"):
+        check_pins((("rollout_expert_parallel", False),))
     with pytest.raises(ValueError, match="no_such_knob"):
         SpaceLimits(pinned=(("no_such_knob", 1),))
-    # the sampler's own names pass
-    SpaceLimits(pinned=(("rollout_dp_log2", 0), ("rollout_expert_parallel", False)))
+    # the knobs' own names pass
+    SpaceLimits(pinned=(("rollout_dp", 1), ("rollout_ep", 1)))
 
 
-def test_the_runners_pins_are_sampler_parameters() -> None:
-    params = {k.sampler_param for k in KNOBS if k.choices is not None}
-    for name, _ in (*MEGATRON_PINNED, *ONE_REPLICA_PINS):
-        assert name in params, name
+def test_the_runners_pins_are_knobs_at_a_value_of_theirs() -> None:
+    """A pin holds the knob's name and its value as the CSV shows it (verl's default where the
+    knob has one): one name for the sampler, the CSV, the pins and the recipe."""
+    sampled = {k.name for k in KNOBS if k.choices is not None}
+    for name, value in (*MEGATRON_PINNED, *ONE_REPLICA_PINS):
+        assert name in sampled, name
+        assert knob_refusal(name, value) is None, (name, value)
+
+
+def test_a_pin_of_a_drawn_knob_pins_its_value() -> None:
+    """rollout_dp is drawn as log2 and rollout_ep as on/off: pinned at 2 and on, every draw
+    has rollout dp 2 and ep tp*dp, and neither is suggested (before, pins held the draw, so a
+    pin of the knob's value pinned nothing)."""
+    space = SearchSpace(
+        model=get_model("qwen3-30b-moe"),
+        cluster=Cluster(gpu=get_gpu("h100"), num_gpus=16),
+        workload=get_workload("grpo-short"),
+        limits=SpaceLimits(pinned=(("rollout_tp", 2), ("rollout_dp", 2), ("rollout_ep", 4))),
+    )
+    rng = random.Random(0)
+    for _ in range(50):
+        s = RandomSuggester(rng)
+        c = sample(s, space)
+        assert (c.rollout_tp, c.rollout_dp, c.rollout_ep) == (2, 2, 4)
+        assert not {"rollout_tp", "rollout_dp", "rollout_ep"} & set(s.params)
+
+
+def test_a_study_of_the_older_names_reads_back() -> None:
+    """Storages and fingerprints written when the sampler's parameters had names of their own
+    (rollout_dp_log2, max_num_batched_tokens_factor) read as the knobs' (issue 31)."""
+    old = {"rollout_dp_log2": 1, "rollout_expert_parallel": True, "max_num_seqs": 128}
+    assert current_params(old) == {"rollout_dp": 1, "rollout_ep": True, "max_num_seqs": 128}
+    space = SearchSpace(
+        model=get_model("qwen3-30b-moe"),
+        cluster=Cluster(gpu=get_gpu("h100"), num_gpus=16),
+        workload=get_workload("grpo-short"),
+        limits=MegatronRunner(generation=False).space_limits(get_model("qwen3-30b-moe")),
+    )
+    today = space.fingerprint()
+    before = (
+        today.replace("rollout_dp=1", "rollout_dp_log2=0")
+        .replace("rollout_ep=1", "rollout_expert_parallel=False")
+        .replace("max_num_batched_tokens=0", "max_num_batched_tokens_factor=1")
+    )
+    assert before != today and current_fingerprint(before) == today
 
 
 def test_the_megatron_runners_pins_never_vary() -> None:
@@ -47,8 +91,8 @@ def test_the_megatron_runners_pins_never_vary() -> None:
     m = get_model("qwen3-30b-moe")
     runner = MegatronRunner(generation=False)
     limits = runner.space_limits(m)
-    assert ("rollout_dp_log2", 0) in limits.pinned
-    assert ("rollout_expert_parallel", False) in limits.pinned
+    assert ("rollout_dp", 1) in limits.pinned
+    assert ("rollout_ep", 1) in limits.pinned
     space = SearchSpace(
         model=m,
         cluster=Cluster(gpu=get_gpu("h100"), num_gpus=16),

@@ -83,13 +83,13 @@ def test_validate_names_each_broken_rule() -> None:
         ppo_max_token_len_per_gpu=4096,
         log_prob_max_token_len_per_gpu=20480,
         rollout_tp=3,
-        gpu_memory_utilization=0.99,
+        gpu_memory_utilization=1.5,  # more than the whole GPU (Knob.bounds)
     )
     reasons = " | ".join(validate(bad, m, cl, w))
     assert "tp(8) does not divide the 28 attention heads" in reasons
     assert "ppo_max_token_len_per_gpu(4096)" in reasons and "at least 10240" in reasons
     assert "rollout tp(3)" in reasons
-    assert "gpu_memory_utilization(0.99)" in reasons
+    assert "gpu_memory_utilization(1.5)" in reasons
     sp_no_tp = Candidate(
         layout=ParallelLayout(world=8),
         sequence_parallel=True,
@@ -341,7 +341,7 @@ RULE_CASES: dict[str, tuple[str, int, dict[str, Any]]] = {
     "rollout_tp": ("qwen2.5-7b", 8, dict(rollout_tp=3)),
     "rollout_dp": ("qwen3-30b-moe", 16, dict(rollout_tp=16, rollout_dp=2)),
     "rollout_ep": ("qwen3-30b-moe", 16, dict(rollout_tp=2, rollout_ep=8)),
-    "gpu_memory_utilization": ("qwen2.5-7b", 8, dict(gpu_memory_utilization=0.99)),
+    "gpu_memory_utilization": ("qwen2.5-7b", 8, dict(gpu_memory_utilization=1.5)),
     "max_num_batched_tokens": ("qwen2.5-7b", 8, dict(max_num_batched_tokens=100)),
     "max_num_seqs": ("qwen2.5-7b", 8, dict(max_num_seqs=0)),
 }

@@ -53,14 +53,16 @@ TRIAL4_PARAMS = {
     "apply_rope_fusion": True,
     "bias_activation_fusion": True,
     "use_dynamic_bsz": True,
-    "ppo_max_token_len_factor": 1.5,
-    "log_prob_max_token_len_factor": 4.0,
+    "ppo_max_token_len_per_gpu": 1.5,
+    "log_prob_max_token_len_per_gpu": 4.0,
     "gpu_memory_utilization": 0.5,
-    "max_num_batched_tokens_factor": 1,
+    "max_num_batched_tokens": 1,
     "max_num_seqs": 128,
     "enforce_eager": False,
 }
-"""Trial 4's params as the study's storage holds them (/tmp/p56/studies.sqlite3)."""
+"""Trial 4's params as the study's storage holds them (/tmp/p56/studies.sqlite3), under the knobs'
+names (issue 31; its storage has the older `*_factor` names, tuner.space.OLD_PARAMS). The token
+budgets are drawn as multiples of one sample's tokens (Knob.decode)."""
 
 
 class H100Runner(VerlRunner):

@@ -232,8 +232,8 @@ def test_space_searches_the_rollout_knobs_and_the_recipe_says_so(tmp_path: Path)
     limits = r.space_limits(get_model(str(CONFIG)))
     names = {k for k, _ in limits.pinned}
     assert not names & {"rollout_tp", "gpu_memory_utilization", "max_num_seqs", "enforce_eager",
-                        "max_num_batched_tokens_factor"}  # fmt: skip
-    assert {"rollout_dp_log2", "rollout_expert_parallel", "attention_backend"} <= names
+                        "max_num_batched_tokens"}  # fmt: skip
+    assert {"rollout_dp", "rollout_ep", "attention_backend"} <= names
     assert "generation measured with vLLM 0.24.0+fake" in limits.why
     measured = pinned_knobs("megatron", {"generation": "measured(vllm)"})
     assert measured == pinned_knobs("megatron", f"a=1;{MEASURED}") != MEGATRON_PINNED

@@ -207,14 +207,6 @@ def non_negative_float(text: str) -> float:
     return v
 
 
-def fraction(text: str) -> float:
-    """A share in (0, 1] (gpu_memory_utilization)."""
-    v = _real(text)
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 1, got {text.strip()}")
-    return v
-
-
 # --------------------------------------------------------------------------------------------
 # Names and layouts
 # --------------------------------------------------------------------------------------------

@@ -12,7 +12,10 @@ from tuner import plots
 from tuner.errors import UserError, redact
 from tuner.report.markup import _e, _figure, _p, _table
 from tuner.report.study import Study, _mode
-from tuner.space import LAYOUT_DEGREES  # fANOVA scores them as ordered integers (log scale)
+from tuner.space import (
+    LAYOUT_DEGREES,  # fANOVA scores them as ordered integers (log scale)
+    OLD_PARAMS,
+)
 
 MIN_IMPORTANCE_TRIALS = 4
 """Completed trials fANOVA needs before its importances mean anything."""
@@ -100,8 +103,8 @@ def importance_study(
     rows: list[tuple[dict[str, Any], dict[str, Any], float]] = []
     for t in trials[-MAX_IMPORTANCE_TRIALS:]:
         params, dist = {}, {}
-        for k, v in t.params.items():
-            d = t.distributions[k]
+        for name, v in t.params.items():
+            d, k = t.distributions[name], OLD_PARAMS.get(name, name)
             if isinstance(d, dists.CategoricalDistribution) and len(d.choices) > (
                 MAX_IMPORTANCE_CHOICES
             ):

@@ -102,10 +102,10 @@ WORKER_ENV = {
 }
 MEGATRON_PINNED = (
     ("rollout_tp", 1),
-    ("rollout_dp_log2", 0),
-    ("rollout_expert_parallel", False),
+    ("rollout_dp", 1),
+    ("rollout_ep", 1),
     ("gpu_memory_utilization", 0.6),
-    ("max_num_batched_tokens_factor", 1),
+    ("max_num_batched_tokens", 0),
     ("max_num_seqs", 256),
     ("enforce_eager", False),
     # What the worker runs without transformer-engine or apex (local layers, flash kernels,
@@ -118,9 +118,9 @@ MEGATRON_PINNED = (
     ("moe_grouped_gemm", True),
     ("moe_permute_fusion", False),
 )
-"""Sampler parameters the worker does not measure: generation (vLLM is not run) and the kernel
-choices it cannot make here. The log-prob knobs and use_fused_kernels are measured. Names are
-sample()'s parameters (rollout_dp_log2, not the knob rollout_dp), checked on import."""
+"""Knobs the worker does not measure, at the value it runs: generation (vLLM is not run; 0
+batched tokens: prompt + response) and the kernel choices it cannot make here. The log-prob
+knobs and use_fused_kernels are measured. Checked on import (check_pins)."""
 check_pins(MEGATRON_PINNED)
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 

@@ -66,12 +66,12 @@ INSTALL = "pip install vllm==0.24.0 (the vLLM verl 0.9.1 pins) into the trials' 
 ROLLOUT_SEARCHED = (
     "rollout_tp",
     "gpu_memory_utilization",
-    "max_num_batched_tokens_factor",
+    "max_num_batched_tokens",
     "max_num_seqs",
     "enforce_eager",
 )
-"""The megatron runner's pins that measured generation frees (sampler parameter names)."""
-ONE_REPLICA_PINS = (("rollout_dp_log2", 0), ("rollout_expert_parallel", False))
+"""The megatron runner's pins that measured generation frees."""
+ONE_REPLICA_PINS = (("rollout_dp", 1), ("rollout_ep", 1))
 """Rollout DP and EP (MoE): one offline engine of data parallel 1 is what the runner runs."""
 check_pins(ONE_REPLICA_PINS)
 MEASURED = "generation=measured(vllm)"

@@ -94,6 +94,7 @@ from tuner.space.rules import (
     validate_layout,
 )
 from tuner.space.sampling import (
+    OLD_PARAMS,
     SAMPLER_PARAMS,
     FollowSuggester,
     RandomSuggester,
@@ -101,6 +102,8 @@ from tuner.space.sampling import (
     SpaceLimits,
     Suggester,
     check_pins,
+    current_fingerprint,
+    current_params,
     params_for,
     sample,
     walk,
@@ -149,6 +152,7 @@ __all__ = [
     "ROLLOUT_DP_CHOICES",
     "RULES",
     "RandomSuggester",
+    "OLD_PARAMS",
     "SAMPLER_PARAMS",
     "Rule",
     "SearchSpace",
@@ -164,6 +168,8 @@ __all__ = [
     "broken_rules",
     "check_candidate",
     "check_pins",
+    "current_fingerprint",
+    "current_params",
     "choice_problems",
     "knob_overrides",
     "layout_model_rules",

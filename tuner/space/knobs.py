@@ -116,14 +116,17 @@ class Knob:
     choices: Choices | None = None
     """Sampler values valid given what was drawn before (None: not sampled, the default or the
     layout's value stands; one value: fixed, not suggested)."""
-    param: str = ""
-    """Sampler parameter name (default: the knob name)."""
+    old_param: str = ""
+    """The name the sampler's parameter had before each knob had one name (`rollout_dp_log2`):
+    what older Optuna storages hold; read back under the knob's name (sampling.current_params)."""
     int_range: bool = False
     """The choices are a contiguous int range drawn with suggest_int."""
     decode: Callable[[Any, SearchSpace, Drawn], Any] = _identity
-    """Sampler value -> field value."""
+    """Drawn value -> the knob's value. The sampler suggests each knob under its name; where
+    the draw is not the value itself (log2 of a power of two, a budget's multiple of one
+    sample's tokens, rollout EP on or off) Optuna's parameter holds the draw."""
     encode: Callable[[Any, SearchSpace, Drawn], Any] = _identity
-    """Field value -> sampler value (params_for)."""
+    """The knob's value -> its draw (params_for, and a pin: SpaceLimits.pinned holds values)."""
     to_verl: Callable[[Any], Any] = _identity
     """Value as verl wants it; None becomes `null`."""
     when: Callable[[Candidate, ModelSpec | None], bool] = _always
@@ -140,10 +143,6 @@ class Knob:
                 f"knob {self.name}: group {self.group!r} is not one of "
                 + ", ".join(KNOB_GROUP_ORDER)
             )
-
-    @property
-    def sampler_param(self) -> str:
-        return self.param or self.name
 
     def value(self, c: Candidate) -> Any:
         if self.name == "layout":
@@ -423,7 +422,7 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=(f"{ACTOR}.ppo_max_token_len_per_gpu",),
         worker=WorkerKey("batch.max_token_len_per_gpu", int, off=0),
         cost="time: update micro-batches; memory: activations",
-        param="ppo_max_token_len_factor",
+        old_param="ppo_max_token_len_factor",
         bounds=_TOKEN_BUDGET,
         when=lambda c, m: c.use_dynamic_bsz,
         **budget_fields(TOKEN_BUDGET_FACTORS),
@@ -438,7 +437,7 @@ KNOBS: tuple[Knob, ...] = (
         ),
         worker=WorkerKey("batch.log_prob_max_token_len_per_gpu", int, off=0),
         cost="time: log-prob micro-batches; memory: log-prob activations",
-        param="log_prob_max_token_len_factor",
+        old_param="log_prob_max_token_len_factor",
         bounds=_TOKEN_BUDGET,
         when=lambda c, m: c.use_dynamic_bsz,
         **budget_fields(LOG_PROB_BUDGET_FACTORS),
@@ -450,7 +449,7 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=(f"{ACTOR}.ppo_micro_batch_size_per_gpu",),
         worker=WorkerKey("batch.micro_batch_size_per_gpu", int, off=0),
         cost="time: update micro-batches; memory: activations",
-        param="ppo_micro_batch_log2",
+        old_param="ppo_micro_batch_log2",
         bounds=_MICRO_BATCH,
         choices=micro_choices,
         int_range=True,
@@ -468,7 +467,7 @@ KNOBS: tuple[Knob, ...] = (
         ),
         worker=WorkerKey("batch.log_prob_micro_batch_size_per_gpu", int, off=0),
         cost="time: log-prob micro-batches; memory: log-prob activations",
-        param="log_prob_micro_batch_log2",
+        old_param="log_prob_micro_batch_log2",
         bounds=_MICRO_BATCH,
         choices=lambda s, d: (
             None if d["use_dynamic_bsz"] else list(range(0, MAX_MICRO_BATCH_LOG2 + 2))
@@ -494,7 +493,7 @@ KNOBS: tuple[Knob, ...] = (
         bounds=_ROLLOUT_DEGREE,
         verl_keys=(f"{ROLLOUT}.data_parallel_size",),
         cost="time: _decode_step_s expert weights over tp*dp and their collectives",
-        param="rollout_dp_log2",
+        old_param="rollout_dp_log2",
         choices=rollout_dp_choices,
         int_range=True,
         decode=pow2,
@@ -507,7 +506,7 @@ KNOBS: tuple[Knob, ...] = (
         bounds=_ROLLOUT_DEGREE,
         verl_keys=(f"{ROLLOUT}.expert_parallel_size",),
         cost="time: _decode_step_s all-to-all instead of expert-TP all-reduce",
-        param="rollout_expert_parallel",
+        old_param="rollout_expert_parallel",
         choices=rollout_ep_choices,
         decode=lambda on, s, d: d["rollout_tp"] * d.get("rollout_dp", 1) if on else 1,
         encode=lambda v, s, d: v > 1,
@@ -529,7 +528,7 @@ KNOBS: tuple[Knob, ...] = (
         bounds=Bounds(low=0, high=2**24, unit="tokens (0: prompt + response)"),
         verl_keys=(f"{ROLLOUT}.max_num_batched_tokens",),
         cost="time: _generation concurrency bound; memory: vLLM activations",
-        param="max_num_batched_tokens_factor",
+        old_param="max_num_batched_tokens_factor",
         choices=lambda s, d: list(BATCHED_TOKEN_FACTORS),
         decode=lambda f, s, d: s.workload.max_seq_len * int(f),
         encode=lambda v, s, d: nearest(

@@ -319,9 +319,18 @@ def _rollout_ep_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> li
     return r
 
 
-def _util_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
-    u = c.gpu_memory_utilization
-    return _one(not 0.1 <= u <= 0.95, f"gpu_memory_utilization({u}) must lie in 0.1..0.95")
+def _declared_rule(name: str) -> Callable[..., list[str]]:
+    """Knob `name`'s value within what its table entry declares (`Knob.bounds`): the bounds are
+    the knob's, said once."""
+
+    def check(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+        from tuner.space.knobs import knob_refusal  # the table reads RULES: asked when run
+
+        v = getattr(c, name)
+        why = knob_refusal(name, v)
+        return _one(why is not None, f"{name}({v}) {why}")
+
+    return check
 
 
 def _mnbt_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
@@ -330,10 +339,6 @@ def _mnbt_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str
         bool(t) and t < seq,
         f"max_num_batched_tokens({t}) is below one sample's {seq} tokens",
     )
-
-
-def _max_num_seqs_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
-    return _one(c.max_num_seqs < 1, f"max_num_seqs({c.max_num_seqs}) must be at least 1")
 
 
 def _layout_rule(name: str) -> Callable[..., list[str]]:
@@ -372,9 +377,11 @@ RULES: tuple[Rule, ...] = (
     Rule("rollout_tp", "rollout_tp", _rollout_tp_rule),
     Rule("rollout_dp", "rollout_dp", _rollout_dp_rule),
     Rule("rollout_ep", "rollout_ep", _rollout_ep_rule),
-    Rule("gpu_memory_utilization", "gpu_memory_utilization", _util_rule),
+    Rule(
+        "gpu_memory_utilization", "gpu_memory_utilization", _declared_rule("gpu_memory_utilization")
+    ),
     Rule("max_num_batched_tokens", "max_num_batched_tokens", _mnbt_rule),
-    Rule("max_num_seqs", "max_num_seqs", _max_num_seqs_rule),
+    Rule("max_num_seqs", "max_num_seqs", _declared_rule("max_num_seqs")),
 )
 
 

@@ -30,24 +30,48 @@ class Suggester(Protocol):
     def suggest_int(self, name: str, low: int, high: int) -> int: ...
 
 
-SAMPLER_PARAMS: dict[str, str] = {k.sampler_param: k.name for k in KNOBS if k.choices is not None}
-"""Every parameter sample() suggests -> its knob: the names a pin (SpaceLimits.pinned) uses."""
+SAMPLER_PARAMS: frozenset[str] = frozenset(k.name for k in KNOBS if k.choices is not None)
+"""Every knob sample() suggests, by the knob's name (Optuna's parameter, a pin)."""
+OLD_PARAMS: dict[str, str] = {k.old_param: k.name for k in KNOBS if k.old_param}
+"""The sampler's parameter names before each knob had one name -> the knob (current_params)."""
+OLD_PINS: dict[str, str] = {
+    "rollout_dp_log2=0": "rollout_dp=1",
+    "rollout_expert_parallel=False": "rollout_ep=1",
+    "max_num_batched_tokens_factor=1": "max_num_batched_tokens=0",
+}
+"""The runners' pins as a study's fingerprint spelled them before pins held the knob's name and
+value (tuner.runners.megatron's, tuner.runners.megatron_generation's): read as these
+(current_fingerprint), so those studies resume."""
+
+
+def current_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A trial's params with the sampler's older names (OLD_PARAMS) read as the knob's: what an
+    Optuna storage made before each knob had one name holds. The draws are unchanged."""
+    return {OLD_PARAMS.get(k, k): v for k, v in params.items()}
+
+
+def current_fingerprint(fingerprint: str) -> str:
+    """A study's fingerprint with its pins spelled as today (OLD_PINS)."""
+    return "|".join(
+        ",".join(OLD_PINS.get(x, x) for x in part.split(",")) for part in fingerprint.split("|")
+    )
 
 
 def check_pins(pinned: Collection[tuple[str, Any]]) -> None:
     """Raise ValueError for a pin of a name sample() never suggests: such a pin would pin
-    nothing and its knob would still be searched. A knob's name where its sampler parameter
-    differs (rollout_dp for rollout_dp_log2) is named with the parameter to use."""
-    by_knob = {k: p for p, k in SAMPLER_PARAMS.items() if p != k}
+    nothing and its knob would still be searched. A sampler parameter's older name
+    (rollout_dp_log2) is named with the knob to pin instead."""
     bad = [
-        f"{n!r} (the sampler's parameter is {by_knob[n]!r})" if n in by_knob else repr(n)
+        f"{n!r} (now the knob {OLD_PARAMS[n]!r}, pinned by its value)"
+        if n in OLD_PARAMS
+        else repr(n)
         for n, _ in pinned
         if n not in SAMPLER_PARAMS
     ]
     if bad:
         raise ValueError(
-            f"pinned {', '.join(bad)}: not a parameter sample() suggests; pin the sampler's "
-            "names (tuner.space.SAMPLER_PARAMS)"
+            f"pinned {', '.join(bad)}: not a knob sample() draws; pin a knob of "
+            "tuner.space.SAMPLER_PARAMS by its name and value"
         )
 
 
@@ -66,7 +90,8 @@ class SpaceLimits:
     """Sequence parallel (transformer-engine too); without it MoE layouts with tp > 1 are left
     out, as Megatron requires sequence parallel there."""
     pinned: tuple[tuple[str, Any], ...] = ()
-    """Sampler parameters (names as sample() suggests them) fixed to a value."""
+    """Knobs (SAMPLER_PARAMS) fixed to a value: the knob's value as the CSV and the recipe show
+    it, drawn as `Knob.encode` makes it given the values drawn before."""
     why: str = ""
     """One line for the study's first output: what is left out and why."""
     recompute_modules_refused: tuple[str, ...] = ()
@@ -250,21 +275,6 @@ def _split(num_layers: int, pp: int, vpp: int) -> tuple[int, int] | None:
     return _SPLITS[key]
 
 
-class _Limited:
-    """A Suggester that answers pinned parameters itself (they are never suggested)."""
-
-    def __init__(self, t: Suggester, limits: SpaceLimits) -> None:
-        self.t, self.limits = t, limits
-
-    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
-        pinned, v = self.limits.pin(name)
-        return v if pinned and v in choices else self.t.suggest_categorical(name, choices)
-
-    def suggest_int(self, name: str, low: int, high: int) -> int:
-        pinned, v = self.limits.pin(name)
-        return int(v) if pinned and low <= v <= high else self.t.suggest_int(name, low, high)
-
-
 def _offered(space: SearchSpace, drawn: Drawn) -> Iterator[tuple[Knob, list[Any]]]:
     """The sampled knobs in KNOBS order with the choices valid given `drawn` (the caller adds
     each knob's value to `drawn` before asking for the next); knobs not sampled here are
@@ -281,16 +291,19 @@ def sample(t: Suggester, space: SearchSpace) -> Candidate:
     """Draw one candidate, knob by knob in KNOBS order. Every value is drawn from choices valid
     for the values drawn before it, so the result passes validate() (a property test holds
     this). A knob with one valid choice takes it without a suggestion."""
-    if space.limits.pinned:
-        t = _Limited(t, space.limits)
     drawn: Drawn = {}
     for k, ch in _offered(space, drawn):
+        pinned, pin = space.limits.pin(k.name)
+        if pinned:
+            pin = k.encode(pin, space, drawn)
         if len(ch) == 1:
             v = ch[0]
+        elif pinned and pin in ch:  # answered here: a pinned knob is never suggested
+            v = pin
         elif k.int_range:
-            v = t.suggest_int(k.sampler_param, ch[0], ch[-1])
+            v = t.suggest_int(k.name, ch[0], ch[-1])
         else:
-            v = t.suggest_categorical(k.sampler_param, ch)
+            v = t.suggest_categorical(k.name, ch)
         drawn[k.name] = k.decode(v, space, drawn)
     lay = drawn.pop("layout")
     return Candidate(layout=lay, **drawn)
@@ -305,7 +318,7 @@ def params_for(c: Candidate, space: SearchSpace) -> dict[str, Any]:
     for k, ch in _offered(space, drawn):
         v = k.value(c)
         if len(ch) > 1:
-            p[k.sampler_param] = k.encode(v, space, drawn)
+            p[k.name] = k.encode(v, space, drawn)
         drawn[k.name] = v
     for name, _ in space.limits.pinned:
         p.pop(name, None)

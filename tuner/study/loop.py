@@ -22,7 +22,7 @@ from tuner import recipes
 from tuner.errors import UserError
 from tuner.results import Status, TrialRecord, number, rank, row_of
 from tuner.runners import pinned_knobs
-from tuner.space import Candidate, SearchSpace, sample
+from tuner.space import Candidate, SearchSpace, current_fingerprint, current_params, sample
 from tuner.study.grid import (
     candidates_from_params,
     hand_grid_params,
@@ -145,6 +145,8 @@ class _Study:
         runner = f"|{req.runner.name}"
         fingerprint = f"{space.fingerprint()}{runner}"
         old = existing.user_attrs.get("space") if existing is not None else None
+        if isinstance(old, str):  # pins spelled as before each knob had one name
+            old = current_fingerprint(old)
         added: list[str] = []
         predates = False
         overlay = reread_overlay(existing) if existing is not None else {}
@@ -388,9 +390,9 @@ class _Study:
 
     def repeat_of(self, params: dict[str, Any], number: int) -> TrialRecord | None:
         """The earliest finished trial with the same sampler params, if it measured anything."""
-        key = tuple(sorted(params.items()))
+        key = tuple(sorted(current_params(params).items()))
         for t in self.study.get_trials(deepcopy=False, states=FINISHED):
-            if t.number == number or tuple(sorted(t.params.items())) != key:
+            if t.number == number or tuple(sorted(current_params(t.params).items())) != key:
                 continue
             rec = self.records.get(t.number)
             if rec is not None and rec.status not in NOT_COPIED:

@@ -16,7 +16,7 @@ from tuner.estimate import Estimate
 from tuner.fields import same_named
 from tuner.results import Status, TrialRecord, TrialResult
 from tuner.runners.base import Predicted, TrialSpec
-from tuner.space import Candidate, SearchSpace, sample, validate
+from tuner.space import Candidate, SearchSpace, current_params, sample, validate
 from tuner.study.learn import StudyLearner, scaled_estimate
 from tuner.study.request import TuneRequest
 from tuner.study.storage import WORKER, candidate_params
@@ -341,7 +341,7 @@ def recovered_record(
     end and duration unknown (file times do not tell: a copied folder has new ones); the reason
     says it was recovered."""
     try:
-        c = sample(optuna.trial.FixedTrial(t.params), space)
+        c = sample(optuna.trial.FixedTrial(current_params(t.params)), space)
     except Exception:  # params of an older space may not sample any more: nothing to read back
         return None
     prop = propose(req, c, learner)

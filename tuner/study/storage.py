@@ -20,6 +20,7 @@ import optuna
 
 from tuner.errors import UserError
 from tuner.results import Status, TrialRecord, locked
+from tuner.space import current_params
 
 JOURNAL_SUFFIXES = (".log", ".jsonl", ".journal")
 """A --storage path with one of these suffixes is an Optuna journal file (several workers)."""
@@ -626,7 +627,7 @@ def candidate_params(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
     enqueued with (a warm start's, a re-run's: Optuna's `fixed_params`), which a trial
     killed while it sampled holds only part of."""
     fixed = t.system_attrs.get("fixed_params")
-    return {**(fixed if isinstance(fixed, dict) else {}), **t.params}
+    return current_params({**(fixed if isinstance(fixed, dict) else {}), **t.params})
 
 
 def _rerun_due(t: optuna.trial.FrozenTrial, origins: set[str]) -> bool:

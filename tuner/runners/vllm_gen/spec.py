@@ -53,11 +53,13 @@ class EngineCfg:
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size({self.tensor_parallel_size}) must be >= 1")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(
-                f"gpu_memory_utilization({self.gpu_memory_utilization}) must lie in (0, 1]"
-            )
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        from tuner.space.knobs import KNOB_BY_NAME, knob_refusal  # the knobs' own bounds
+
+        for f in fields(self):
+            why = knob_refusal(f.name, getattr(self, f.name)) if f.name in KNOB_BY_NAME else None
+            if why is not None:
+                raise ValueError(f"{f.name}({getattr(self, f.name)}) {why}")
+        for name in ("max_num_batched_tokens", "max_model_len"):  # 0 is verl's, not vLLM's
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}({getattr(self, name)}) must be at least 1")
 
