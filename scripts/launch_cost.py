@@ -5,7 +5,8 @@ share of the launch and the study's GPU-hours.
 
 usage: python scripts/launch_cost.py RESULTS_DIR STUDY
 RESULTS_DIR holds STUDY.csv and STUDY/trials/<n>/ (verl.log or verl.log.gz, log-clock.csv).
-Committed output: scripts/launch_cost.out.txt (python scripts/launch_cost.py results tail4k-h100-x2).
+Committed output: scripts/launch_cost.out.txt, from
+    python scripts/launch_cost.py results tail4k-h100-x2
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def _extra(row: dict[str, str]) -> dict[str, str]:
 
 
 def report(results: Path, study: str) -> str:
-    rows = list(csv.DictReader(open(results / f"{study}.csv", newline="")))
+    with open(results / f"{study}.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
     out = [f"{study}: launch cost per trial (seconds from launch; a milestone is its first line)"]
     names = list(MILESTONES)
     head = ["trial", "status", "launch", *names, "startup", "warmup", "measured", "teardown"]
