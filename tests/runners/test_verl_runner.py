@@ -295,3 +295,23 @@ def test_the_launch_timeline(tmp_path: Path) -> None:
     assert clock[0].startswith("# base ") and len(clock) >= 2
     assert res.extra["startup_s"] == 0.0  # the stand-in logs step 1 at once, "101 s" long
     assert 0 <= res.extra["teardown_s"] < 30
+
+
+def test_vllms_compile_cache_is_the_studys(tmp_path: Path) -> None:
+    """verl disables vLLM's compile cache unless the environment says otherwise: a local study
+    keeps it in its own folder for its trials; the user's --verl-env value wins."""
+    from tuner.verl_settings import VerlSettings
+
+    spec = spec_for(tmp_path)
+    res = runner("ok").run(spec)
+    cmd = (spec.trial_dir.resolve() / "command.sh").read_text()
+    cache = tmp_path / "results" / "study" / "vllm-cache"
+    assert "export VLLM_DISABLE_COMPILE_CACHE=0" in cmd
+    assert f"export VLLM_CACHE_ROOT={cache.resolve()}" in cmd
+    assert res.extra["vllm_compile_cache"] == "study"
+    own = VerlSettings(env=(("VLLM_DISABLE_COMPILE_CACHE", "1"),))
+    spec = spec_for(tmp_path, number=1)
+    res = runner("ok", settings=own).run(spec)
+    cmd = (spec.trial_dir.resolve() / "command.sh").read_text()
+    assert "export VLLM_DISABLE_COMPILE_CACHE=1" in cmd and "VLLM_CACHE_ROOT" not in cmd
+    assert res.extra["vllm_compile_cache"] == "verl"
