@@ -76,6 +76,10 @@ class Estimate:
     """Kept free below the capacity by every phase when `fits` was decided (a phase's device
     total + headroom <= capacity): the study's --headroom-gib; None: each phase's own
     (device.phase_headroom_gib)."""
+    overlapped: bool = False
+    """Generation overlaps training (a split placement, tuner/estimate/split.py): step_s is
+    max(generation_s, old_log_prob_s + ref_s + update_actor_s + critic_s) + reshard_s, not
+    their sum."""
 
     def as_dict(self) -> dict[str, object]:
         d = {k: getattr(self, k) for k in self.__slots__ if k != "memory"}  # type: ignore[attr-defined]
@@ -149,6 +153,7 @@ def estimate(
         slack_gib=_slack_of(mem, phase),
         outside_gib=mem.overhead_gib,
         headroom_gib=headroom_gib,
+        overlapped=pool.split,
     )
 
 

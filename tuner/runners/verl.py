@@ -65,6 +65,7 @@ from tuner.runners.verl_preflight import Preflight, preflight, run_probe
 from tuner.runners.verl_probe import PACKAGES
 from tuner.runners.verl_timeline import CLOCK_NAME, LogClock, timeline
 from tuner.space import SpaceLimits
+from tuner.space.placement import OFF_POLICY, placement_label
 from tuner.verl_settings import VerlSettings, bare_key
 
 LOG_NAME = "verl.log"
@@ -149,6 +150,13 @@ class VerlRunner(Runner):
             if entrypoint is not None
             else (self.python, *verl_command.ENTRYPOINT[1:])
         )
+        self.split_entrypoint = (
+            self.entrypoint
+            if entrypoint is not None
+            else (self.python, *verl_command.SPLIT_ENTRYPOINT[1:])
+        )
+        """What runs a split candidate: verl's one-step-off-policy trainer (a stand-in
+        entrypoint stands in for both)."""
         self.train_file = Path(train_file).expanduser().resolve() if train_file else None
         self.reward_fn = Path(reward_fn).expanduser().resolve() if reward_fn else None
         self.steps = steps
@@ -255,7 +263,8 @@ class VerlRunner(Runner):
             settings=self.settings,
         )
         ov.update(data_overrides(data))
-        return [*self.entrypoint, *verl_command.override_args(ov)]
+        entry = self.split_entrypoint if c.rollout_gpus else self.entrypoint
+        return [*entry, *verl_command.override_args(ov)]
 
     def dataset(self, spec: TrialSpec) -> Dataset:
         """The user's data, or the study's synthetic data (written by the first trial)."""
@@ -350,6 +359,9 @@ class VerlRunner(Runner):
             "response_mode": response_mode(w, data),
             **data.describe(),
         }
+        if spec.candidate.rollout_gpus:  # the row says what algorithm ran
+            extra["placement"] = placement_label(spec.candidate.rollout_gpus, spec.cluster.num_gpus)
+            extra["off_policy"] = OFF_POLICY
         if res.job_id:
             extra["job_id"] = res.job_id
         if res.queued_s >= 1:
