@@ -13,12 +13,7 @@ from typing import Any
 
 from tuner.errors import UserError
 from tuner.fileio import write_atomic
-from tuner.results.record import _VERSION, COLUMNS, _fmt, upgrade_row
-
-COLOCATED_ONLY_OMITTED = ("rollout_gpus",)
-"""Columns a leaderboard holds only where one of its rows sets them: the placement (issue 29),
-so a study without `--allow-off-policy` writes the file it wrote before placement existed (its
-rows are all colocated, 0) and the committed leaderboards read and write back unchanged."""
+from tuner.results.record import _VERSION, COLOCATED_ONLY_OMITTED, COLUMNS, _fmt, upgrade_row
 
 
 def csv_text(rows: Iterable[dict[str, str]]) -> str:

@@ -198,6 +198,12 @@ class VerlRunner(Runner):
         pf = self._preflight
         return self.user_settings.with_env(pf.env) if pf is not None else self.user_settings
 
+    def split_refusal(self) -> str | None:
+        """The launcher's say (launchers.base.Launcher.split_refusal): the built-in ones run the
+        one-step-off command as they run main_ppo (the tuner passes verl's config search path,
+        so the working directory does not matter)."""
+        return self.launcher.split_refusal()
+
     def record_fields(self) -> dict[str, str]:
         """The row's verl settings columns."""
         return self.settings.record()
