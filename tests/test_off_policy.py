@@ -161,3 +161,17 @@ def test_a_runner_or_launcher_that_cannot_run_a_split_is_refused(tmp_path: Path)
     local = VerlRunner(model_path="/m", entrypoint=[sys.executable, str(fake)])
     TuneRequest(runner=local, allow_off_policy=True, **kw)  # type: ignore[arg-type]
     assert not list(tmp_path.iterdir())
+
+
+def test_a_split_row_is_not_read_as_a_colocated_candidate() -> None:
+    """--candidates-from a leaderboard with a split row, in a study without the option: the
+    row's layout (of N - r GPUs) must not become a colocated candidate of N."""
+    from tuner.space import ParallelLayout
+    from tuner.study.grid import outside_space
+
+    c = Candidate(layout=ParallelLayout(world=2, tp=2), sequence_parallel=True, rollout_gpus=2)
+    space = SearchSpace(model=M, cluster=CL4, workload=W)
+    column, why = outside_space(c, space) or ("", "")
+    assert column == "rollout_gpus" and "pass --allow-off-policy" in why
+    on = SearchSpace(model=M, cluster=CL4, workload=W, allow_off_policy=True)
+    assert outside_space(c, on) is None or outside_space(c, on)[0] != "rollout_gpus"  # type: ignore[index]
