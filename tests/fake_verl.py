@@ -59,9 +59,18 @@ def lengths(ov: dict[str, str], step: int) -> dict[str, float]:
     return out
 
 
-def metrics(step: int) -> dict[str, float]:
-    """The keys verl 0.9's trainer logs each step (a subset), with plausible values."""
+def metrics(step: int, split: bool = False) -> dict[str, float]:
+    """The keys verl 0.9's trainer logs each step (a subset), with plausible values; `split`
+    (actor_rollout_ref.hybrid_engine=False): as verl's one-step-off-policy trainer logs them,
+    `gen` the wait for the generation, `generate_async` the generation, and the sync."""
     step_s = 100.0 + step
+    if split:
+        return {
+            **metrics(step),
+            "timing_s/gen": 5.0,
+            "timing_s/generate_async": 50.0,
+            "timing_s/sync_rollout_weights": 4.5,
+        }
     return {
         "training/global_step": step,
         "perf/throughput": 1000.0 + 10 * step,
@@ -111,7 +120,8 @@ def main(argv: list[str]) -> int:
     )
     steps = int(ov.get("trainer.total_training_steps", "3"))
     for step in range(1, steps + 1):
-        data = {**metrics(step), **lengths(ov, step)}
+        split = ov.get("actor_rollout_ref.hybrid_engine") == "False"
+        data = {**metrics(step, split), **lengths(ov, step)}
         if mode == "prompt1":
             data["prompt_length/mean"] = 1.0
         tracking.log(data=data, step=step)

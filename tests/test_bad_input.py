@@ -239,6 +239,18 @@ CASES: list[tuple[str, list[str], str, Setup]] = [
     ("unknown-command", ["shwo", GOOD], "unknown command 'shwo'", _none),
     # --- tune run: workload
     ("workload-unknown", [*R, "--workload", "x"], "unknown workload 'x'", _none),
+    (  # issue 29: the megatron runner measures colocated phases only
+        "off-policy-megatron",
+        [*R, "--runner", "megatron", "--allow-off-policy"],
+        "--allow-off-policy: --runner megatron runs every candidate colocated; use --runner verl",
+        _none,
+    ),
+    (  # issue 29: no split of one GPU
+        "off-policy-one-gpu",
+        [*R[:2], "--gpus", "1", *R[4:], "--runner", "estimate", "--allow-off-policy"],
+        "--allow-off-policy on 1 GPU: a split needs 2 GPUs or more",
+        _none,
+    ),
     ("algorithm", [*R, "--algorithm", "sft"], "argument --algorithm: invalid choice", _none),
     ("prompt-len-zero", [*R, "--prompt-len", "0"], "argument --prompt-len:", _none),
     ("response-len-neg", [*R, "--response-len", "-1"], "argument --response-len:", _none),

@@ -44,7 +44,8 @@ def test_upsert_replaces_by_trial_and_keeps_others(tmp_path: Path) -> None:
     rows = read_raw(p)
     assert [r["trial"] for r in rows] == ["0", "1"]
     assert rows[0]["tokens_per_s_per_gpu"] == "150"
-    assert list(rows[0]) == list(COLUMNS)
+    # colocated rows only: the placement column is left out (files.COLOCATED_ONLY_OMITTED)
+    assert list(rows[0]) == [c for c in COLUMNS if c != "rollout_gpus"]
     assert all(r["schema_version"] == str(SCHEMA_VERSION) for r in rows)
     assert not list(tmp_path.glob("*.tmp"))
 

@@ -157,8 +157,15 @@ def refuse_if_nothing_fits(req: Any, limits: Any) -> None:
     from tuner.space import SearchSpace
     from tuner.study.warmstart import nothing_fits_why
 
-    space = SearchSpace(model=req.model, cluster=req.cluster, workload=req.workload, limits=limits)
+    space = SearchSpace(
+        model=req.model,
+        cluster=req.cluster,
+        workload=req.workload,
+        limits=limits,
+        allow_off_policy=req.allow_off_policy,
+    )
     space.check_nonempty()
+    space.check_splits()
     if req.candidates_from is not None:
         from tuner.study.grid import candidates_from_params
 

@@ -251,6 +251,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="study name: ASCII letters, digits and . _ -, at most 100 "
         "(default: model-gpuxN[-workload]-runner)",
     )
+    g.add_argument(
+        "--allow-off-policy",
+        action="store_true",
+        help="also search the split placement: vLLM on r GPUs of its own and the actor on the "
+        "rest, the next step's generation overlapping this step's training (verl's "
+        "one_step_off_policy). CHANGES THE ALGORITHM: each step trains on rollouts one step "
+        "stale, with verl's rollout_correction bypass; rows and recipes say so. Runners: verl "
+        "and estimate (default: off, every candidate colocated)",
+    )
     g.add_argument("--seed", type=seed, default=0, help="sampler seed (default 0)")
     g.add_argument(
         "--no-warm-start",

@@ -15,6 +15,7 @@ from tuner.fileio import write_atomic
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.space import Candidate
+from tuner.space.placement import placement_label
 from tuner.verl_settings import VerlSettings
 from tuner.workload import Workload
 
@@ -29,6 +30,8 @@ class Recipe:
 def recipe_name(c: Candidate, m: ModelSpec, cl: Cluster) -> str:
     lay = c.layout.notation
     degrees = "-".join(_split_degrees(lay)) + f"-rtp{c.rollout_tp}"
+    if c.rollout_gpus:  # split placement: the rollout's GPUs, one step off-policy
+        degrees += f"-split-r{c.rollout_gpus}"
     return f"{_slug(m.name)}_{degrees}_{cl.label}.sh"
 
 
@@ -130,6 +133,14 @@ def render(
         f"--response-mean {round(w.mean_response_len)})",
         f"# assumes {versions.summary()}",
     ]
+    if c.rollout_gpus:
+        lines += [
+            f"# placement: {placement_label(c.rollout_gpus, cl.num_gpus)}: vLLM on "
+            f"{c.rollout_gpus} GPU(s) of its own, the actor on {cl.num_gpus - c.rollout_gpus} "
+            "(verl.experimental.one_step_off_policy)",
+            "# ONE STEP OFF-POLICY: each step trains on rollouts of the weights one step old "
+            "(verl's rollout_correction bypass); NNODES is not read, the pools' nodes are set",
+        ]
     if origin:
         lines.append(f"# origin: {origin}")
     lines += pinned_lines(c, pinned, runner)
@@ -156,7 +167,7 @@ def render(
         f'export {verl_command.METRICS_ROOT_ENV}="${{{verl_command.METRICS_ROOT_ENV}:-$PWD}}"',
         *env,
         "",
-        " ".join(verl_command.ENTRYPOINT) + " \\",
+        " ".join(verl_command.entrypoint_of(c)) + " \\",
         *[f"    {shell_word(k, v)} \\" for k, v in ov.items()],
         '    "$@"',
         "",

@@ -115,6 +115,7 @@ def build_request(args: argparse.Namespace, setup: Setup, runner: Any) -> Any:
         verl_example=getattr(args, "verl_example", False),
         candidates_from=getattr(args, "candidates_from", None),
         profile=load_profile(args.profile),
+        allow_off_policy=getattr(args, "allow_off_policy", False),
         **extra,
     )
 

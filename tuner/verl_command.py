@@ -4,6 +4,9 @@ reproduces exactly what a trial ran.
 
 Every key is checked against the installed verl's own config by tests/test_verl_command.py: a
 key without `+` must exist in `ppo_megatron_trainer`, a key with `+` must not (Hydra adds it).
+A split candidate (rollout_gpus > 0, `--allow-off-policy`) runs verl's one-step-off-policy
+trainer instead (SPLIT_ENTRYPOINT), whose overrides compose against its
+`one_step_off_ppo_megatron_trainer` (tests/test_verl_split.py).
 """
 
 from __future__ import annotations
@@ -15,12 +18,58 @@ from typing import Any
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.space import ACTOR, KNOBS, REF, ROLLOUT, TF_CONFIG, Candidate, knob_overrides
+from tuner.space.placement import pool_counts
 from tuner.verl_settings import VerlSettings, bare_key
 from tuner.workload import ALGORITHMS, Workload
 
 CONFIG_NAME = "ppo_megatron_trainer"
 ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo", f"--config-name={CONFIG_NAME}")
 """The recipe's command; runners may swap `python3` for their interpreter."""
+SPLIT_CONFIG_NAME = "one_step_off_ppo_megatron_trainer"
+"""verl 0.9.1's config of the split placement (verl/experimental/one_step_off_policy/config/):
+`ppo_megatron_trainer` plus the rollout's pool (`rollout.nnodes`, `rollout.n_gpus_per_node`),
+`free_cache_engine: False`, `calculate_log_probs: True`, `checkpoint_engine.backend: nccl` and
+`algorithm.rollout_correction.bypass_mode: True`."""
+SPLIT_ENTRYPOINT = (
+    "python3",
+    "-m",
+    "verl.experimental.one_step_off_policy.main_ppo",
+    f"--config-name={SPLIT_CONFIG_NAME}",
+)
+"""The command of a split candidate (rollout_gpus > 0): verl's one-step-off-policy trainer."""
+SPLIT_SEARCHPATH = "pkg://verl.trainer.config"
+"""Where the split config finds `ppo_megatron_trainer`. Its own `hydra.searchpath` is
+`file://verl/trainer/config`, relative to the working directory (found only when started from
+verl's site folder); the tuner passes the package path instead, so it starts from any folder."""
+
+
+def entrypoint_of(c: Candidate) -> tuple[str, ...]:
+    """The verl command (before the overrides) that runs candidate `c`."""
+    return SPLIT_ENTRYPOINT if c.rollout_gpus else ENTRYPOINT
+
+
+def config_name_of(c: Candidate) -> str:
+    """The Hydra config `c`'s overrides compose against."""
+    return SPLIT_CONFIG_NAME if c.rollout_gpus else CONFIG_NAME
+
+
+def split_overrides(c: Candidate, cl: Cluster) -> dict[str, Any]:
+    """A split candidate's placement (nothing for a colocated one): the search path, the
+    hybrid engine off (one_step_off_policy/ray_trainer.py asserts it), the two pools' sizes
+    (placement.pool_counts: the trainer's replace trainer_overrides'), and the NCCL checkpoint
+    engine and the rollout-correction bypass its config sets, written out so the recipe says
+    what runs."""
+    if not c.rollout_gpus:
+        return {}
+    return {
+        "hydra.searchpath": [SPLIT_SEARCHPATH],
+        "actor_rollout_ref.hybrid_engine": False,
+        **pool_counts(c.rollout_gpus, cl),
+        f"{ROLLOUT}.checkpoint_engine.backend": "nccl",
+        "algorithm.rollout_correction.bypass_mode": True,
+    }
+
+
 PROJECT = "verl-tuner"
 """`trainer.project_name`; verl's file logger writes `<root>/<project>/<experiment>.jsonl`."""
 METRICS_ROOT_ENV = "VERL_FILE_LOGGER_ROOT"
@@ -160,6 +209,12 @@ def tuner_keys() -> dict[str, str]:
     one = Cluster(gpu=get_gpu("h100"), num_gpus=1)
     for key in trainer_overrides(one, steps=3, nnodes=1, experiment=""):
         out[key] = "the tuner's 3-step trial"
+    from tuner.space import ParallelLayout
+
+    two = Cluster(gpu=get_gpu("h100"), num_gpus=2)
+    split = Candidate(layout=ParallelLayout(world=1), rollout_gpus=1)
+    for key in split_overrides(split, two):
+        out.setdefault(bare_key(key), "the placement (--allow-off-policy searches it)")
     return out
 
 
@@ -194,6 +249,7 @@ def overrides(
     if w.algorithm == "ppo":
         out.update(critic_overrides(knobs, model_path))
     out.update(trainer_overrides(cl, steps=steps, nnodes=nnodes, experiment=experiment))
+    out.update(split_overrides(c, cl))
     if not uses_reference_model(w):
         for key in [k for k in out if k.startswith(f"{REF}.")]:
             out.pop(key)
@@ -228,5 +284,7 @@ def override_args(ov: dict[str, Any]) -> list[str]:
     return [f"{k}={format_value(v)}" for k, v in ov.items()]
 
 
-def command(ov: dict[str, Any], python: str = ENTRYPOINT[0]) -> list[str]:
-    return [python, *ENTRYPOINT[1:], *override_args(ov)]
+def command(
+    ov: dict[str, Any], python: str = ENTRYPOINT[0], entrypoint: tuple[str, ...] = ENTRYPOINT
+) -> list[str]:
+    return [python, *entrypoint[1:], *override_args(ov)]

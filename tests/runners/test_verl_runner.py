@@ -315,3 +315,39 @@ def test_vllms_compile_cache_is_the_studys(tmp_path: Path) -> None:
     cmd = (spec.trial_dir.resolve() / "command.sh").read_text()
     assert "export VLLM_DISABLE_COMPILE_CACHE=1" in cmd and "VLLM_CACHE_ROOT" not in cmd
     assert res.extra["vllm_compile_cache"] == "verl"
+
+
+def test_a_split_trial_runs_one_step_off_and_its_row_says_so(tmp_path: Path) -> None:
+    """Issue 29: a split candidate launches verl's one-step-off-policy trainer with the pools,
+    and its row keeps the whole generation (`generate_async`, overlapped) as generation_s, the
+    wait in `extra`, the sync as reshard_s, and says the placement and that it ran off-policy."""
+    from tuner.dataset import user_dataset
+    from tuner.space import ParallelLayout
+
+    spec = spec_for(tmp_path)
+    split = replace(
+        spec.candidate, layout=ParallelLayout(world=4, tp=2, pp=2), rollout_gpus=4, rollout_tp=2
+    )
+    spec = replace(spec, candidate=split)
+    res = runner("ok").run(spec)
+    assert res.status is Status.OK, res.reason
+    assert (res.generation_s, res.reshard_s) == (50.0, 4.5)
+    assert res.extra["gen_wait_s"] == 5.0
+    assert res.extra["placement"] == "split r4+t4"
+    assert res.extra["off_policy"] == "one-step-off"
+    cmd = (spec.trial_dir.resolve() / "command.sh").read_text()
+    for word in (
+        "actor_rollout_ref.hybrid_engine=False",
+        "rollout.n_gpus_per_node=4",
+        "trainer.n_gpus_per_node=4",
+        "hydra.searchpath=",
+    ):
+        assert word in cmd, word
+    # without a stand-in, the command is verl's one-step-off entry point
+    real = VerlRunner(model_path="/m", python="python3")
+    argv = real.command(spec, user_dataset(tmp_path / "t.parquet"))
+    assert argv[:4] == ["python3", *verl_command.SPLIT_ENTRYPOINT[1:]]
+    colocated = real.command(
+        replace(spec, candidate=spec_for(tmp_path).candidate), user_dataset(tmp_path / "t.parquet")
+    )
+    assert colocated[:4] == ["python3", *verl_command.ENTRYPOINT[1:]]

@@ -15,11 +15,13 @@ from tuner.estimate.generation import VLLM_ASYNC_SCHEDULING
 from tuner.estimate.logits import DEFAULT_VERL
 from tuner.estimate.memory import MemoryBreakdown, memory_of
 from tuner.estimate.profile import Profile, load_profile, save_profile
+from tuner.estimate.split import split_memory, split_step_s, split_sync_s, split_times
 from tuner.estimate.time import phase_times_of
 from tuner.fields import same_named
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.space import Candidate
+from tuner.space.placement import pools
 from tuner.workload import Workload
 
 __all__ = [
@@ -74,6 +76,10 @@ class Estimate:
     """Kept free below the capacity by every phase when `fits` was decided (a phase's device
     total + headroom <= capacity): the study's --headroom-gib; None: each phase's own
     (device.phase_headroom_gib)."""
+    overlapped: bool = False
+    """Generation overlaps training (a split placement, tuner/estimate/split.py): step_s is
+    max(generation_s, old_log_prob_s + ref_s + update_actor_s + critic_s) + reshard_s, not
+    their sum."""
 
     def as_dict(self) -> dict[str, object]:
         d = {k: getattr(self, k) for k in self.__slots__ if k != "memory"}  # type: ignore[attr-defined]
@@ -102,10 +108,19 @@ def estimate(
     in verl <= 0.5 (memory.memory_of); `async_scheduling`: vLLM overlaps each decode step's host
     work with the GPU, as the installed vLLM 0.24.0 does by default and the vLLM of the reference
     leaderboards did not (generation.VLLM_ASYNC_SCHEDULING)."""
-    ctx = get_context(m, cl, w, profile or _DEFAULT_PROFILE)
+    pool = pools(c.rollout_gpus, cl)
+    ctx = get_context(m, pool.trainer, w, profile or _DEFAULT_PROFILE)
     t = phase_times_of(ctx, c, verl_logits, async_scheduling)
     mem = memory_of(ctx, c, t.n_micro_update, verl_logits, rollout_in_actor=rollout_in_actor)
     step = t.step_s
+    train_gpus = pool.trainer.num_gpus
+    if pool.split:  # vLLM on its own GPUs, one step off-policy: tuner/estimate/split.py
+        ctx_r = get_context(m, pool.rollout, w, profile or _DEFAULT_PROFILE)
+        t_r = phase_times_of(ctx_r, c, verl_logits, async_scheduling)
+        same_node = cl.num_nodes == 1
+        t = split_times(t, t_r, split_sync_s(ctx, ctx_r, c, same_node))
+        step = split_step_s(t) if t_r.step_s < float("inf") else float("inf")
+        mem = split_memory(ctx_r, c, mem)
     gpus = cl.num_gpus
     peak = mem.peak_gib
     capacity = cl.gpu.memory_gib
@@ -125,7 +140,7 @@ def estimate(
         **same_named(t, Estimate, skip=("bottleneck",)),  # the phase times
         step_s=step,
         throughput_tokens_per_s_per_gpu=ctx.tokens_step / step / gpus if finite else 0.0,
-        mfu=t.update_flops / (gpus * ctx.peak * upd) if upd > 0 else 0.0,
+        mfu=t.update_flops / (train_gpus * ctx.peak * upd) if upd > 0 else 0.0,
         peak_mem_gib=peak,
         peak_phase=mem.peak_phase,
         fits=not reason,
@@ -138,6 +153,7 @@ def estimate(
         slack_gib=_slack_of(mem, phase),
         outside_gib=mem.overhead_gib,
         headroom_gib=headroom_gib,
+        overlapped=pool.split,
     )
 
 

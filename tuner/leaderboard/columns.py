@@ -30,7 +30,7 @@ references'."""
 FLOAT_COLUMNS = _of_type(float) | REFERENCE_FLOAT_COLUMNS
 """Measures: float64 whatever the file holds, NaN where empty (so they are there to plot)."""
 
-STRING_COLUMNS = _of_type(str) | REFERENCE_STRING_COLUMNS | {"file"}
+STRING_COLUMNS = _of_type(str) | REFERENCE_STRING_COLUMNS | {"file", "placement"}
 """Text, never guessed as numbers (a study named `2` stays a name); `file` is added by
 load_leaderboard. The true/false columns are not typed by name: a column of true and false is
 boolean, of other text text."""
@@ -49,6 +49,7 @@ SHOW_COLUMNS = (
     "num_gpus",
     "train_parallel",
     "infer_parallel",
+    "placement",
     "tokens_per_s_per_gpu",
     "scope",
     "vs_ref",
@@ -66,7 +67,15 @@ SHOW_COLUMNS = (
 )
 """What `tune show` prints by default (columns empty in every shown row are left out)."""
 
-DERIVED_COLUMNS = ("file", "origin", "is_reference", "model_family", "vs_ref", "scope")
+DERIVED_COLUMNS = (
+    "file",
+    "origin",
+    "is_reference",
+    "model_family",
+    "vs_ref",
+    "scope",
+    "placement",
+)
 """Columns load_leaderboard (and with_reference_ratio) add to the file's own."""
 
 

@@ -23,6 +23,7 @@ from tuner.leaderboard.columns import (
 )
 from tuner.results import is_reference, normalize_reference, upgrade_row
 from tuner.results.scope import scope_of
+from tuner.space.placement import placement_label
 
 PathLike = str | Path
 
@@ -172,6 +173,18 @@ def _blank(index: pd.Index) -> pd.Series:
     return pd.Series("", index=index, dtype=str)
 
 
+def _placement(cols: dict[str, pd.Series], idx: pd.Index) -> pd.Series:
+    """Each row's placement (space.placement.placement_label: `colocated` or `split r2+t2`),
+    from its rollout_gpus and num_gpus; empty in every row where none is split, so a colocated
+    leaderboard shows as it did before placement was searched."""
+    r = pd.to_numeric(cols.get("rollout_gpus", _blank(idx)), errors="coerce").fillna(0)
+    if not bool((r > 0).any()):
+        return _blank(idx)
+    n = pd.to_numeric(cols["num_gpus"], errors="coerce").fillna(0)
+    labels = [placement_label(int(a), int(b)) for a, b in zip(r, n, strict=True)]
+    return pd.Series(labels, index=idx, dtype=str)
+
+
 def _finish(df: pd.DataFrame) -> pd.DataFrame:
     cols: dict[str, pd.Series] = {c: df[c] for c in df.columns}
     idx = df.index
@@ -208,6 +221,7 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
         index=idx,
         dtype=str,
     )
+    cols["placement"] = _placement(cols, idx)
     cols["is_reference"] = (cols["source"] == "reference") | cols["origin"].str.startswith(
         "reference"
     )

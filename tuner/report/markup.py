@@ -49,7 +49,9 @@ def _table(df: pd.DataFrame, index: bool = False) -> str:
 
 def _layout(r: pd.Series) -> str:
     rollout = f" / rollout {r['infer_parallel']}" if r["infer_parallel"] else ""
-    return f"{r['train_parallel']}{rollout}"
+    placed = str(r.get("placement", "") or "")
+    split = f" ({placed}, one step off-policy)" if placed.startswith("split") else ""
+    return f"{r['train_parallel']}{rollout}{split}"
 
 
 def _label(r: pd.Series) -> str:

@@ -217,6 +217,8 @@ def section_memory(s: Study) -> str:
     fig.tight_layout()
     front = plots.pareto_front(ok, s.mem)
     cols = ["trial", "train_parallel", "infer_parallel", "tokens_per_s_per_gpu", s.mem]
+    if "placement" in front and bool((front["placement"] != "").any()):
+        cols.insert(3, "placement")  # a study that searched placement (--allow-off-policy)
     table = front[cols].copy()
     text = f"{len(ok)} ok rows; {len(front)} on the Pareto front (no row both faster and smaller)."
     if s.capacity_gib and s.best is not None and pd.notna(s.best.get(s.mem)):

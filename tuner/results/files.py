@@ -13,13 +13,20 @@ from typing import Any
 
 from tuner.errors import UserError
 from tuner.fileio import write_atomic
-from tuner.results.record import _VERSION, COLUMNS, _fmt, upgrade_row
+from tuner.results.record import _VERSION, COLOCATED_ONLY_OMITTED, COLUMNS, _fmt, upgrade_row
 
 
 def csv_text(rows: Iterable[dict[str, str]]) -> str:
-    """The leaderboard file's text for rows of COLUMNS."""
+    """The leaderboard file's text for rows of COLUMNS (less COLOCATED_ONLY_OMITTED where no
+    row sets them)."""
+    rows = list(rows)
+    cols = [
+        c
+        for c in COLUMNS
+        if c not in COLOCATED_ONLY_OMITTED or any(r.get(c) not in (None, "", "0", 0) for r in rows)
+    ]
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore", lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
     return buf.getvalue()

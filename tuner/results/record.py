@@ -388,10 +388,21 @@ NUMERIC = frozenset(c for c, t in COLUMN_TYPES.items() if t in (int, float))
 _VERSION = str(SCHEMA_VERSION)
 
 
+COLOCATED_ONLY_OMITTED = ("rollout_gpus",)
+"""Columns a leaderboard holds only where one of its rows sets them: the placement (issue 29),
+so a study without `--allow-off-policy` writes the file it wrote before placement existed (its
+rows are all colocated, 0) and the committed leaderboards read and write back unchanged. A
+colocated record's row leaves them out too (`row_of`)."""
+
+
 def row_of(d: dict[str, Any]) -> dict[str, str]:
-    """A CSV row (every column, text) from a record's `to_dict()`."""
+    """A CSV row (every column, text) from a record's `to_dict()`; a colocated record's without
+    COLOCATED_ONLY_OMITTED."""
     row = {c: _fmt(d.get(c)) for c in COLUMNS}
     row["schema_version"] = _VERSION
+    for c in COLOCATED_ONLY_OMITTED:
+        if row[c] in ("", "0"):
+            del row[c]
     return row
 
 

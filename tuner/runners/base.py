@@ -76,6 +76,15 @@ class Runner(abc.ABC):
     def check_available(self, cluster: Cluster) -> None:  # noqa: B027 (optional hook)
         """Raise UserError with one actionable line if this runner cannot run here."""
 
+    def split_refusal(self) -> str | None:
+        """Why this runner cannot run a split placement (`--allow-off-policy`: vLLM on GPUs of
+        its own, verl's one-step-off-policy trainer), as the end of a sentence that says what
+        to use instead; None where it can. Default: it cannot."""
+        return (
+            f"--runner {self.name} runs every candidate colocated; use --runner verl (real "
+            "one-step-off runs) or --runner estimate"
+        )
+
     def record_fields(self) -> dict[str, str]:
         """Settings of this runner every row of the study records (e.g. the verl runner's
         bridge, overrides and environment); none by default."""

@@ -12,6 +12,9 @@ from tuner.runners.base import Runner, TrialSpec
 class EstimateRunner(Runner):
     name = "estimate"
 
+    def split_refusal(self) -> str | None:
+        return None  # the cost model prices a split (tuner/estimate/split.py)
+
     def run(self, spec: TrialSpec) -> TrialResult:
         e = spec.prediction
         mem = e.memory

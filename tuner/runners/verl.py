@@ -65,6 +65,7 @@ from tuner.runners.verl_preflight import Preflight, preflight, run_probe
 from tuner.runners.verl_probe import PACKAGES
 from tuner.runners.verl_timeline import CLOCK_NAME, LogClock, timeline
 from tuner.space import SpaceLimits
+from tuner.space.placement import OFF_POLICY, placement_label
 from tuner.verl_settings import VerlSettings, bare_key
 
 LOG_NAME = "verl.log"
@@ -149,6 +150,13 @@ class VerlRunner(Runner):
             if entrypoint is not None
             else (self.python, *verl_command.ENTRYPOINT[1:])
         )
+        self.split_entrypoint = (
+            self.entrypoint
+            if entrypoint is not None
+            else (self.python, *verl_command.SPLIT_ENTRYPOINT[1:])
+        )
+        """What runs a split candidate: verl's one-step-off-policy trainer (a stand-in
+        entrypoint stands in for both)."""
         self.train_file = Path(train_file).expanduser().resolve() if train_file else None
         self.reward_fn = Path(reward_fn).expanduser().resolve() if reward_fn else None
         self.steps = steps
@@ -189,6 +197,12 @@ class VerlRunner(Runner):
         """The user's settings with what the host needs (the preflight's environment)."""
         pf = self._preflight
         return self.user_settings.with_env(pf.env) if pf is not None else self.user_settings
+
+    def split_refusal(self) -> str | None:
+        """The launcher's say (launchers.base.Launcher.split_refusal): the built-in ones run the
+        one-step-off command as they run main_ppo (the tuner passes verl's config search path,
+        so the working directory does not matter)."""
+        return self.launcher.split_refusal()
 
     def record_fields(self) -> dict[str, str]:
         """The row's verl settings columns."""
@@ -255,7 +269,8 @@ class VerlRunner(Runner):
             settings=self.settings,
         )
         ov.update(data_overrides(data))
-        return [*self.entrypoint, *verl_command.override_args(ov)]
+        entry = self.split_entrypoint if c.rollout_gpus else self.entrypoint
+        return [*entry, *verl_command.override_args(ov)]
 
     def dataset(self, spec: TrialSpec) -> Dataset:
         """The user's data, or the study's synthetic data (written by the first trial)."""
@@ -353,6 +368,9 @@ class VerlRunner(Runner):
             "vllm_compile_cache": _compile_cache_of(spec.trial_dir.resolve() / COMMAND_NAME),
             **data.describe(),
         }
+        if spec.candidate.rollout_gpus:  # the row says what algorithm ran
+            extra["placement"] = placement_label(spec.candidate.rollout_gpus, spec.cluster.num_gpus)
+            extra["off_policy"] = OFF_POLICY
         if res.job_id:
             extra["job_id"] = res.job_id
         if res.queued_s >= 1:

@@ -36,6 +36,13 @@ FIELDS = {
     "peak_mem_reserved_gib": "perf/max_memory_reserved_gb",
 }
 """TrialResult field -> verl metric (same units)."""
+SPLIT_GENERATION = "timing_s/generate_async"
+"""verl 0.9.1's one-step-off-policy trainer (experimental/one_step_off_policy/ray_trainer.py):
+the whole generation, overlapped with the previous step's training; its `timing_s/gen` is only
+the wait for it (kept in `extra` as gen_wait_s). A split row's generation_s is this."""
+SPLIT_SYNC = "timing_s/sync_rollout_weights"
+"""The same trainer's weight sync to the rollout's GPUs, around `timing_s/update_weights`: a
+split row's reshard_s."""
 ACTOR_PREFIX = "actor/"
 """verl 0.9.1's engine workers log the actor's memory as `perf/max_memory_*_gb`
 (workers/engine_workers.py) and the trainer renames every actor metric with this prefix
@@ -140,10 +147,17 @@ def measures(steps: dict[int, dict[str, float]], step: int = MEASURED_STEP) -> S
     out = {f: v for f, k in FIELDS.items() if (v := _metric(data, k)) is not None}
     if "step_s" not in out and "timing_s/step" in data:
         out["step_s"] = data["timing_s/step"]
+    extra_split: dict[str, float] = {}
+    if SPLIT_GENERATION in data:  # one-step-off: `gen` is the wait, the generation is this
+        if "generation_s" in out:
+            extra_split["gen_wait_s"] = out["generation_s"]
+        out["generation_s"] = data[SPLIT_GENERATION]
+        if SPLIT_SYNC in data:
+            out["reshard_s"] = data[SPLIT_SYNC]
     if "perf/mfu/actor" in data:
         out["verl_mfu_actor_pct"] = 100.0 * data["perf/mfu/actor"]
     extra = {f: v for f, k in EXTRA.items() if (v := _metric(data, k)) is not None}
-    return StepMeasures(step=step, fields=out, extra=extra)
+    return StepMeasures(step=step, fields=out, extra={**extra, **extra_split})
 
 
 def _metric(data: dict[str, float], key: str) -> float | None:

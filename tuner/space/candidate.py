@@ -55,6 +55,11 @@ class Candidate:
 
     layout: ParallelLayout
     """Actor (and ref) parallel degrees."""
+    rollout_gpus: int = 0
+    """Placement (tuner/space/placement.py): 0 = colocated, vLLM and the actor take turns on all
+    GPUs; r > 0 = split, vLLM on r GPUs of its own and the actor (whose `layout` is then a world
+    of the other N - r) trained one step off-policy (verl's one_step_off_policy). Only
+    `--allow-off-policy` studies draw r > 0."""
     sequence_parallel: bool = False
     """Megatron sequence parallel (needs tp > 1)."""
     recompute_granularity: str = "none"
@@ -131,8 +136,11 @@ class Candidate:
     def from_record(cls, rec: dict[str, Any], world: int) -> Candidate:
         """Inverse of to_record (values may be strings, as read from a CSV). Columns of knobs
         that no longer exist (`grad_offload` of schema-1 files) are ignored; knobs a file lacks
-        take their defaults."""
+        take their defaults. `world` is the study's GPUs: a split row's layout is a world of the
+        trainer's N - rollout_gpus."""
         deg = {k: int(rec[k]) for k in LAYOUT_DEGREES}
+        if rec.get("rollout_gpus") not in ("", None):
+            world -= int(_coerce(rec["rollout_gpus"], int))
         for k in SPLIT_FIELDS:
             if rec.get(k) not in ("", None):
                 deg[k] = int(rec[k])

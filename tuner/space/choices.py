@@ -117,7 +117,7 @@ def rollout_dp_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
     int ranges change between trials, not categorical lists)."""
     if not s.model.is_moe:
         return None
-    rtp, cl = d["rollout_tp"], s.cluster
+    rtp, cl = d["rollout_tp"], s.pools_of(d).rollout
     out = [0]
     for k, x in enumerate(ROLLOUT_DP_CHOICES[1:], start=1):
         ok = (

@@ -104,7 +104,8 @@ class Knob:
     """What it is about (KNOB_GROUP_ORDER): the report shows the knobs by group."""
     verl_keys: tuple[str, ...] = ()
     """Full dotted keys (actor and ref get the same value); a leading `+` adds a key verl's
-    schema leaves open. Empty only for `layout` (its degrees are knobs of their own)."""
+    schema leaves open. Empty only for `layout` (its degrees are knobs of their own) and
+    `rollout_gpus` (a split sets the entry point and the pools: verl_command.split_overrides)."""
     worker: WorkerKey | None = None
     """Where the megatron worker's spec carries it. None where the worker takes no value of it:
     the rollout knobs (generation is not the worker's), the layout's degrees (the spec's `layout`
@@ -176,12 +177,21 @@ _ROLLOUT_DEGREE = Bounds(low=1, high=65536, why="the most GPUs any one job runs 
 
 KNOBS: tuple[Knob, ...] = (
     Knob(
+        name="rollout_gpus",
+        group="layout",
+        help="placement: 0 colocated; r: vLLM on r GPUs of its own, one step off-policy",
+        cost="time: a split step is max(generation on r, training on N - r) + weight sync "
+        "(estimate._split_estimate); memory: each pool on its own (no vLLM beside the actor)",
+        choices=lambda s, d: s.placements if s.allow_off_policy else None,
+        bounds=Bounds(low=0, high=65535, unit="GPUs for the rollout (0: colocated)"),
+    ),
+    Knob(
         name="layout",
         group="layout",
         help="actor/ref parallel layout (degrees below)",
         cost="time: every training phase (_layout_lin, phase_times_of); memory: every shard",
-        choices=lambda s, d: sorted(s.layouts),
-        decode=lambda v, s, d: s.layouts[v],
+        choices=lambda s, d: sorted(s.layouts_of(d)),
+        decode=lambda v, s, d: s.layouts_of(d)[v],
         encode=lambda lay, s, d: lay.notation,
     ),
     Knob(
@@ -484,7 +494,7 @@ KNOBS: tuple[Knob, ...] = (
         bounds=_ROLLOUT_DEGREE,
         verl_keys=(f"{ROLLOUT}.tensor_model_parallel_size",),
         cost="time: _generation engines, _decode_step_s TP all-reduce (inter-node beyond a node)",
-        choices=lambda s, d: s.rollout_tps,
+        choices=lambda s, d: s.rollout_tps_of(d),
     ),
     Knob(
         name="rollout_dp",

@@ -27,6 +27,7 @@ from tuner.space.candidate import (
     modules_of,
 )
 from tuner.space.layout import ParallelLayout
+from tuner.space.placement import pools
 from tuner.workload import Workload
 
 # --------------------------------------------------------------------------------------------
@@ -393,8 +394,32 @@ def broken_rules(
     rules: Sequence[Rule] = RULES,
 ) -> list[tuple[str, str]]:
     """(rule name, sentence) of every rule the candidate breaks: of `RULES`, or of a runner's
-    `RULES + its own rules`."""
-    return [(rule.name, msg) for rule in rules for msg in rule.check(c, model, cluster, workload)]
+    `RULES + its own rules`. A split candidate (rollout_gpus > 0) is checked pool by pool: the
+    rollout knobs' rules on the rollout's r GPUs, the others on the trainer's N - r."""
+    try:
+        p = pools(c.rollout_gpus, cluster)
+    except ValueError as e:
+        return [("placement", str(e))]
+    return [
+        (rule.name, msg)
+        for rule in rules
+        for msg in rule.check(
+            c, model, p.rollout if rule.knob in ROLLOUT_POOL_KNOBS else p.trainer, workload
+        )
+    ]
+
+
+ROLLOUT_POOL_KNOBS = frozenset(
+    (
+        "rollout_tp",
+        "rollout_dp",
+        "rollout_ep",
+        "gpu_memory_utilization",
+        "max_num_batched_tokens",
+        "max_num_seqs",
+    )
+)
+"""The knobs of vLLM, whose rules a split candidate checks on the rollout's pool."""
 
 
 def validate(c: Candidate, model: ModelSpec, cluster: Cluster, workload: Workload) -> list[str]:

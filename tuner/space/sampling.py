@@ -18,6 +18,7 @@ from tuner.space.candidate import Candidate
 from tuner.space.choices import CP_CHOICES, MAX_PP, MAX_VPP, Drawn
 from tuner.space.knobs import KNOBS, Knob
 from tuner.space.layout import ParallelLayout, balanced_split
+from tuner.space.placement import Pools, pools, split_sizes
 from tuner.space.rules import validate_layout
 from tuner.workload import Workload
 
@@ -141,15 +142,77 @@ class SearchSpace:
     cluster: Cluster
     workload: Workload
     limits: SpaceLimits = field(default_factory=SpaceLimits)
+    allow_off_policy: bool = False
+    """`--allow-off-policy`: placement is searched too (the knob rollout_gpus: colocated, or
+    vLLM on r GPUs and the actor on N - r, one step off-policy); each pool's knobs are drawn
+    within it. False: every candidate is colocated, as before the option existed."""
 
     @cached_property
     def layouts(self) -> dict[str, ParallelLayout]:
-        """Every valid parallel layout, by notation. Where pp·vpp does not divide the layers the
-        most balanced uneven split megatron-core accepts stands for that (pp, vpp)."""
-        m, world = self.model, self.cluster.num_gpus
+        """Every valid parallel layout of the whole cluster, by notation. Where pp·vpp does not
+        divide the layers the most balanced uneven split megatron-core accepts stands for that
+        (pp, vpp)."""
+        return self._layouts_for(self.cluster)
+
+    @cached_property
+    def _pool_cache(self) -> dict[Any, Any]:
+        return {}
+
+    def pools_of(self, drawn: Drawn | int) -> Pools:
+        """The pools of the drawn placement (or of `rollout_gpus` given as a number)."""
+        r = drawn if isinstance(drawn, int) else drawn.get("rollout_gpus", 0)
+        key = ("pools", r)
+        if key not in self._pool_cache:
+            self._pool_cache[key] = pools(r, self.cluster)
+        return self._pool_cache[key]  # type: ignore[no-any-return]
+
+    def layouts_of(self, drawn: Drawn | int) -> dict[str, ParallelLayout]:
+        """The layouts of the trainer's pool of the drawn placement (colocated: `layouts`)."""
+        p = self.pools_of(drawn)
+        if not p.split:
+            return self.layouts
+        key = ("layouts", p.trainer.num_gpus)
+        if key not in self._pool_cache:
+            self._pool_cache[key] = self._layouts_for(p.trainer)
+        return self._pool_cache[key]  # type: ignore[no-any-return]
+
+    def rollout_tps_of(self, drawn: Drawn | int) -> list[int]:
+        """The vLLM TP sizes of the rollout's pool of the drawn placement."""
+        p = self.pools_of(drawn)
+        return self._rollout_tps_for(p.rollout) if p.split else self.rollout_tps
+
+    @cached_property
+    def placements(self) -> list[int]:
+        """0 (colocated) and every rollout GPU count r whose two pools each hold a valid
+        layout (the trainer's N - r) and a valid vLLM TP (the rollout's r)."""
+        return [0] + [
+            r for r in split_sizes(self.cluster) if self.layouts_of(r) and self.rollout_tps_of(r)
+        ]
+
+    def check_splits(self) -> None:
+        """Raise a UserError naming what to change when `allow_off_policy` is on and no split
+        of the cluster has a valid layout in both pools."""
+        if not self.allow_off_policy or len(self.placements) > 1:
+            return
+        c, w = self.cluster, self.workload
+        sizes = split_sizes(c)
+        if not sizes:
+            raise UserError(
+                f"--allow-off-policy on {c.num_gpus} GPU: a split needs 2 GPUs or more (one "
+                "for the rollout, one for the actor); add GPUs or leave the option out"
+            )
+        raise UserError(
+            f"--allow-off-policy: no split of {c.num_gpus} GPUs ({c.gpus_per_node} per node) "
+            f"leaves {self.model.name} a valid layout on both pools (rollout GPUs tried: "
+            f"{', '.join(map(str, sizes))}; the actor's data-parallel size must divide "
+            f"{w.mini_batch_size * w.n} samples): choose another --gpus or leave the option out"
+        )
+
+    def _layouts_for(self, cluster: Cluster) -> dict[str, ParallelLayout]:
+        m, world = self.model, cluster.num_gpus
         out: dict[str, ParallelLayout] = {}
         experts = _divisors(m.num_experts) if m.is_moe else [1]
-        for tp in _divisors(self.cluster.local_gpus):
+        for tp in _divisors(cluster.local_gpus):
             if tp > 1 and m.is_moe and not self.limits.sequence_parallel:
                 continue  # Megatron needs sequence parallel for MoE with tp > 1
             for pp in range(1, min(MAX_PP, m.num_layers) + 1):
@@ -177,14 +240,17 @@ class SearchSpace:
                                     first_stage_layers=split[0],
                                     last_stage_layers=split[1],
                                 )
-                                if not validate_layout(lay, m, self.cluster, self.workload):
+                                if not validate_layout(lay, m, cluster, self.workload):
                                     out.setdefault(lay.notation, lay)
         return out
 
     @cached_property
     def rollout_tps(self) -> list[int]:
         """vLLM TP sizes: divisors of a node, and whole multiples of a node (TP across nodes)."""
-        m, cl = self.model, self.cluster
+        return self._rollout_tps_for(self.cluster)
+
+    def _rollout_tps_for(self, cl: Cluster) -> list[int]:
+        m = self.model
         sizes = _divisors(cl.local_gpus) + [
             cl.local_gpus * k
             for k in range(2, cl.num_nodes + 1)
@@ -224,7 +290,13 @@ class SearchSpace:
         return (
             f"{m.name}|{m.num_layers}x{m.hidden_size}|{c.gpu.name}x{c.num_gpus}/"
             f"{c.gpus_per_node}|{w.prompt_len}+{w.response_len}|{w.batch_size}x{w.n}/"
-            f"{w.mini_batch_size}|{len(self.layouts)}" + (f"|{limits}" if limits else "")
+            f"{w.mini_batch_size}|{len(self.layouts)}"
+            + (f"|{limits}" if limits else "")
+            + (
+                f"|{OFF_POLICY_TAG}{','.join(map(str, self.placements))}"
+                if self.allow_off_policy
+                else ""
+            )
         )
 
     def workload_part(self) -> str:
@@ -258,6 +330,9 @@ class SearchSpace:
 
 WORKLOAD_TAG = "w="
 """Marks the workload part of a fingerprint."""
+OFF_POLICY_TAG = "placements="
+"""Marks an `--allow-off-policy` space's placements in its fingerprint (absent without it, so
+the fingerprints of colocated studies are what they were)."""
 
 
 _SPLITS: dict[tuple[int, int, int], tuple[int, int] | None] = {}
@@ -287,6 +362,18 @@ def _offered(space: SearchSpace, drawn: Drawn) -> Iterator[tuple[Knob, list[Any]
             yield k, list(ch)
 
 
+PER_POOL_PARAMS = ("layout", "rollout_tp")
+"""Knobs whose categorical choices depend on the pool (its GPU count): under a split they are
+suggested under a name of their own per placement (`layout_r2`), since Optuna keeps one choice
+list per parameter name. Colocated candidates keep the plain names."""
+
+
+def param_name(k: Knob, drawn: Drawn) -> str:
+    """The sampler parameter of knob `k` given the values drawn before it."""
+    r = drawn.get("rollout_gpus", 0)
+    return f"{k.name}_r{r}" if r and k.name in PER_POOL_PARAMS else k.name
+
+
 def sample(t: Suggester, space: SearchSpace) -> Candidate:
     """Draw one candidate, knob by knob in KNOBS order. Every value is drawn from choices valid
     for the values drawn before it, so the result passes validate() (a property test holds
@@ -301,9 +388,9 @@ def sample(t: Suggester, space: SearchSpace) -> Candidate:
         elif pinned and pin in ch:  # answered here: a pinned knob is never suggested
             v = pin
         elif k.int_range:
-            v = t.suggest_int(k.name, ch[0], ch[-1])
+            v = t.suggest_int(param_name(k, drawn), ch[0], ch[-1])
         else:
-            v = t.suggest_categorical(k.name, ch)
+            v = t.suggest_categorical(param_name(k, drawn), ch)
         drawn[k.name] = k.decode(v, space, drawn)
     lay = drawn.pop("layout")
     return Candidate(layout=lay, **drawn)
@@ -318,7 +405,7 @@ def params_for(c: Candidate, space: SearchSpace) -> dict[str, Any]:
     for k, ch in _offered(space, drawn):
         v = k.value(c)
         if len(ch) > 1:
-            p[k.name] = k.encode(v, space, drawn)
+            p[param_name(k, drawn)] = k.encode(v, space, drawn)
         drawn[k.name] = v
     for name, _ in space.limits.pinned:
         p.pop(name, None)

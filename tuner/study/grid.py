@@ -246,6 +246,11 @@ def outside_space(c: Candidate, space: SearchSpace) -> tuple[str, str] | None:
     refused = candidate_refusals(c)
     if refused:
         return refused[0]
+    if c.rollout_gpus and not space.allow_off_policy:  # its layout is of N - r GPUs, not N
+        return "rollout_gpus", (
+            f"{c.rollout_gpus} (a split placement, one step off-policy) is not one this study "
+            "offers: pass --allow-off-policy to measure it"
+        )
     drawn: dict[str, Any] = {}
     for k, ch in _offered(space, drawn):
         v = k.value(c)

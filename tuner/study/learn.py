@@ -115,6 +115,8 @@ def scaled_estimate(e: Estimate, scales: dict[str, float]) -> Estimate:
     olp = e.old_log_prob_s * s["old_log_prob"]
     upd = e.update_actor_s * s["update_actor"]
     step = e.step_s + (gen - e.generation_s) + (olp - e.old_log_prob_s) + (upd - e.update_actor_s)
+    if e.overlapped:  # a split step: the longer side plus the sync (estimate/split.py)
+        step = max(gen, olp + e.ref_s + upd + e.critic_s) + e.reshard_s
     bottleneck = bottleneck_of(gen, olp + e.ref_s, upd, e.critic_s)
     return dataclasses.replace(
         e,

@@ -208,7 +208,7 @@ class _Study:
                 f"study {req.name} was made before {', '.join(added)} existed; they stay pinned "
                 "at verl's default, as its earlier trials ran"
             )
-        self.lines: dict[tuple[int, str], str] = {}
+        self.lines: dict[tuple[int, str, str], str] = {}
         """Formatted CSV lines by (trial, recipe), so each rebuild formats only new rows."""
         self.records: dict[int, TrialRecord] = {}
         """Parsed records by trial number (parsed once; for learning and repeats)."""
@@ -418,8 +418,10 @@ def _run_study(req: TuneRequest, on_progress: Callable[[Progress], None] | None)
             cluster=req.cluster,
             workload=req.workload,
             limits=req.runner.space_limits(req.model),
+            allow_off_policy=req.allow_off_policy,
         )
         space.check_nonempty()
+        space.check_splits()
         req.runner.check_available(req.cluster)
         optuna.logging.set_verbosity(logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

@@ -55,8 +55,16 @@ class TuneRequest:
     """Another leaderboard whose ok rows' candidates this study measures first (origin `from
     <csv> trial <n>`): the same configurations through this study's runner."""
     profile: Profile = field(default_factory=Profile)
+    allow_off_policy: bool = False
+    """`--allow-off-policy`: placement is searched (colocated, or vLLM on r GPUs of its own
+    and the actor on the rest, one step off-policy: tuner/space/placement.py). The runner must
+    run it (Runner.split_refusal) and some split must fit the GPUs (SearchSpace.check_splits)."""
 
     def __post_init__(self) -> None:
+        if self.allow_off_policy:
+            why = self.runner.split_refusal()
+            if why is not None:
+                raise UserError(f"--allow-off-policy: {why}")
         if self.trials <= 0:
             raise UserError(f"--trials must be positive, got {self.trials}")
         if self.timeout_s is not None and self.timeout_s <= 0:

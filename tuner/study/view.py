@@ -15,6 +15,7 @@ from typing import Any
 from tuner.errors import UserError
 from tuner.fileio import remove_leftovers, write_atomic
 from tuner.results import COLUMNS, SCHEMA_VERSION, TrialRecord, _fmt, locked
+from tuner.results.files import COLOCATED_ONLY_OMITTED
 from tuner.study.storage import label_file, same_storage
 
 
@@ -142,38 +143,54 @@ def _cell(v: Any) -> str:
     return _fmt(v)
 
 
-_HEADER = ",".join(COLUMNS) + "\n"
+_FULL = COLUMNS
+_COLOCATED = tuple(c for c in COLUMNS if c not in COLOCATED_ONLY_OMITTED)
+"""The columns of a leaderboard whose rows are all colocated (results.files.csv_text leaves the
+placement out the same way): what it wrote before placement was searched."""
 _VERSION_CELL = str(SCHEMA_VERSION)
 
 
-def record_line(d: dict[str, Any], recipe: str = "") -> str:
-    """One CSV line (with its newline) of a record dict (`TrialRecord.to_dict()`)."""
-    cells = [v if type(v) is str else "" if v is None else _cell(v) for v in map(d.get, COLUMNS)]
+def _is_split(d: dict[str, Any]) -> bool:
+    v = d.get("rollout_gpus")
+    return v not in (None, "", 0, "0")
+
+
+def _key_of(columns: tuple[str, ...]) -> str:
+    return f"{SCHEMA_VERSION}:{zlib.crc32((','.join(columns) + chr(10)).encode()):08x}"
+
+
+def record_line(d: dict[str, Any], recipe: str = "", columns: tuple[str, ...] | None = None) -> str:
+    """One CSV line (with its newline) of a record dict (`TrialRecord.to_dict()`), in `columns`
+    (default: the full set for a split record, the colocated set otherwise)."""
+    cols = columns or (_FULL if _is_split(d) else _COLOCATED)
+    cells = [v if type(v) is str else "" if v is None else _cell(v) for v in map(d.get, cols)]
     cells[0] = _VERSION_CELL
     if recipe:
-        cells[_RECIPE] = recipe
+        cells[cols.index("recipe")] = recipe
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerow(cells)
     return buf.getvalue()
 
 
-_RECIPE = COLUMNS.index("recipe")
-COLUMNS_KEY = f"{SCHEMA_VERSION}:{zlib.crc32(_HEADER.encode()):08x}"
-"""Identifies the column set a stored line was formatted for (knobs change between versions)."""
+COLUMNS_KEY = _key_of(_COLOCATED)
+"""Identifies the column set a stored line was formatted for (knobs change between versions):
+a colocated record's (the same key as before placement existed, so stored lines stay valid)."""
+SPLIT_COLUMNS_KEY = _key_of(_FULL)
+"""The same for a split record's line: every column, the placement's too."""
 LINE_KEY = "_csv_line"
 """Key of a record dict's formatted CSV line, [COLUMNS_KEY, line], kept beside the record in
 the storage so that rebuilding a large study's CSV is a join, not a reformatting."""
 
 
 def line_entry(d: dict[str, Any]) -> list[str]:
-    return [COLUMNS_KEY, record_line(d)]
+    return [SPLIT_COLUMNS_KEY if _is_split(d) else COLUMNS_KEY, record_line(d)]
 
 
 def write_leaderboard(
     path: Path,
     records: Iterable[dict[str, Any]],
     recipes: dict[str, str] | None = None,
-    cache: dict[tuple[int, str], str] | None = None,
+    cache: dict[tuple[int, str, str], str] | None = None,
     *,
     skip_unchanged: bool = False,
 ) -> int:
@@ -185,20 +202,23 @@ def write_leaderboard(
     returned."""
     recipes = recipes or {}
     cache = {} if cache is None else cache
+    records = list(records)
+    split = any(_is_split(d) for d in records)  # then every row has the placement column
+    cols, key = (_FULL, SPLIT_COLUMNS_KEY) if split else (_COLOCATED, COLUMNS_KEY)
     lines: list[tuple[int, str]] = []
     for d in records:
         n = int(d["trial"])
         recipe = recipes.get(str(n), "")
-        line = cache.get((n, recipe))
+        line = cache.get((n, recipe, key))
         if line is None and not recipe:
             got = d.get(LINE_KEY)
-            if isinstance(got, list) and len(got) == 2 and got[0] == COLUMNS_KEY:
-                line = cache[(n, recipe)] = got[1]
+            if isinstance(got, list) and len(got) == 2 and got[0] == key:
+                line = cache[(n, recipe, key)] = got[1]
         if line is None:
-            line = cache[(n, recipe)] = record_line(d, recipe)
+            line = cache[(n, recipe, key)] = record_line(d, recipe, cols)
         lines.append((n, line))
     lines.sort(key=lambda x: x[0])
-    text = _HEADER + "".join(line for _, line in lines)
+    text = ",".join(cols) + "\n" + "".join(line for _, line in lines)
     with locked(path):  # every writer of a leaderboard holds it (results.locked)
         remove_leftovers(path)
         if skip_unchanged and _holds(path, text):

@@ -73,5 +73,12 @@ class Launcher(abc.ABC):
                 f"{gpus}: {self.more_gpus_hint()}"
             )
 
+    def split_refusal(self) -> str | None:
+        """Why this launcher cannot run verl's one-step-off-policy trainer (a split placement:
+        two GPU pools of one Ray cluster), as the end of a sentence saying what to use
+        instead; None where it can (local, ray and slurm all can: the trainer places its pools
+        on the Ray cluster the job runs in)."""
+        return None
+
     def more_gpus_hint(self) -> str:
         return "lower --gpus or run where there are more"

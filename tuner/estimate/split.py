@@ -1,0 +1,109 @@
+"""The split placement's step and memory (issue 29): vLLM on r GPUs of its own, the actor on the
+other N - r, as verl 0.9.1's `verl.experimental.one_step_off_policy` runs them.
+
+Its trainer (one_step_off_policy/ray_trainer.py `fit_step`, `_fit_generate`) waits for the
+generation started last step (`timing_s/gen`, the wait; `timing_s/generate_async`, the whole
+generation), syncs the weights to vLLM over the NCCL checkpoint engine
+(`timing_s/sync_rollout_weights`), starts the next generation, then computes old_log_prob, the
+reference and the update while vLLM generates. In steady state one step is therefore
+
+    max(generation on r GPUs, old_log_prob + ref + update (+ critic) on N - r) + weight sync
+
+and each pool's memory is its own: the rollout's GPUs hold vLLM alone (no actor states beside
+it, no sleep and wake-up: `free_cache_engine` is off), the trainer's hold the actor alone (no
+vLLM process asleep beside it, so less need for offload).
+
+UNCHECKED: these formulas reuse the colocated model's phase terms, each on its own pool, and
+have not yet been compared with measured split rows (scripts/gpu_split_study.sh measures them
+on 4 GPUs; until its rows are committed, a split prediction is the cost model's guess at the
+overlap, not a measured one). The sync term in particular is a broadcast of the whole bf16
+model from the trainer's pool to each rollout replica at the link between the pools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tuner.estimate.context import BF16, Context
+from tuner.estimate.device import CUDA_CONTEXT_GIB, vllm_outside_gib
+from tuner.estimate.memory import MemoryBreakdown
+from tuner.estimate.rollout_memory import VERL_SYNC_BUCKET_BYTES
+from tuner.estimate.time import (
+    RESHARD_COLLECTIVES_PER_TENSOR,
+    RESHARD_FIXED_S,
+    PhaseTimes,
+)
+from tuner.hardware import GIB
+from tuner.space import Candidate
+
+
+def training_s(t: PhaseTimes) -> float:
+    """The trainer pool's part of a step: old_log_prob, reference, update and the critic."""
+    return t.old_log_prob_s + t.ref_s + t.update_actor_s + t.critic_s
+
+
+def split_step_s(t: PhaseTimes) -> float:
+    """One steady-state split step: the longer of generation and training, plus the sync."""
+    return max(t.generation_s, training_s(t)) + t.reshard_s
+
+
+def split_sync_s(ctx_t: Context, ctx_r: Context, c: Candidate, same_node: bool) -> float:
+    """The weight sync over the NCCL checkpoint engine: the whole bf16 model from the trainer's
+    pool to every rollout replica at the link between the pools (NVLink on one node, else the
+    inter-node link), the per-tensor collectives, vLLM's load of its shard, and under param
+    offload the actor's weights brought back to the GPU to be sent."""
+    p = ctx_t.profile
+    w_total = ctx_t.total_params * BF16
+    link = ctx_t.nvlink if same_node else ctx_t.internode
+    replicas = max(1, ctx_r.cluster.num_gpus // (c.rollout_tp * c.rollout_dp))
+    sync = RESHARD_FIXED_S + w_total * replicas / link
+    experts_tensors = 3 * ctx_t.experts if ctx_t.is_moe else 0
+    tensors = ctx_t.layers * (10 + experts_tensors) + 2
+    sync += tensors * RESHARD_COLLECTIVES_PER_TENSOR * p.collective_latency_s
+    sync += 2 * w_total / c.rollout_tp / ctx_r.hbm
+    if c.param_offload:
+        span = c.layout.tp * c.layout.pp * c.layout.ep
+        sync += 2 * w_total / span / ctx_t.pcie
+    return sync
+
+
+def split_times(t_train: PhaseTimes, t_roll: PhaseTimes, sync_s: float) -> PhaseTimes:
+    """The split's phases: training from the trainer's pool, generation from the rollout's,
+    the sync between them; `bottleneck` the longer side."""
+    t = replace(t_train, generation_s=t_roll.generation_s, reshard_s=sync_s)
+    if t.generation_s >= training_s(t):
+        t = replace(t, bottleneck="generation")
+    return t
+
+
+def split_memory(ctx_r: Context, c: Candidate, mem: MemoryBreakdown) -> MemoryBreakdown:
+    """Each pool's device totals on its own, from the trainer's colocated breakdown `mem`
+    (computed on the trainer's pool): old_log_prob and update without vLLM's process asleep
+    beside the actor (`training_process_gib`); generation on the rollout's GPUs: vLLM's budget,
+    its process beyond it and the checkpoint engine's receive bucket, with no actor states; the
+    sync on the trainer's GPUs: the actor's states, the send bucket and its NCCL buffers (folded
+    into the generation phase's total, as colocated does, so the fit check sees it)."""
+    budget = c.gpu_memory_utilization * ctx_r.mem_bytes
+    rollout_dev = (
+        (budget + VERL_SYNC_BUCKET_BYTES) / GIB
+        + CUDA_CONTEXT_GIB
+        + vllm_outside_gib(c.rollout_tp, ctx_r.cluster)
+    )
+    held = mem.weights_gib + mem.workspace_gib
+    if not c.param_offload:
+        held += mem.grads_gib
+    if not c.optimizer_offload:
+        held += mem.optimizer_gib
+    sync_dev = held + VERL_SYNC_BUCKET_BYTES / GIB + mem.overhead_gib
+    training = mem.training_process_gib
+    return replace(
+        mem,
+        rollout_gib=budget / GIB,
+        generation_peak_gib=budget / GIB,
+        generation_device_gib=max(rollout_dev, sync_dev),
+        rollout_process_gib=rollout_dev - budget / GIB,
+        weight_sync_device_gib=sync_dev,
+        training_process_gib=0.0,
+        log_prob_device_gib=mem.log_prob_device_gib - training,
+        update_device_gib=mem.update_device_gib - training,
+    )
