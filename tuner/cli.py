@@ -94,6 +94,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if args.runner == "verl":
         options = verl_runner_options(args)
+    elif args.runner == "ladder":  # the fast runner screens, real verl confirms
+        options = {
+            "fast": megatron_runner_options(args),
+            "confirm": verl_runner_options(args),
+            "confirm_top": args.confirm_top,
+        }
     elif args.runner in ("megatron", "auto"):  # auto may choose megatron
         options = megatron_runner_options(args)
     runner = make_runner(args.runner, **options)
@@ -216,6 +222,13 @@ def summary_text(summary: Any) -> str:
             + (f", {unmeasured:.0f} s in trials that gave no number" if unmeasured else "")
             + (f", {other:.0f} s other" if other else "")
             + f" ({100 * measured / total:.0f}% measuring)"
+        )
+    hours = tuple(getattr(summary, "gpu_hours", ()) or ())
+    if hours:
+        lines.append(
+            "GPU-hours by rung: "
+            + ", ".join(f"{src} {h:.2f}" for src, h in hours)
+            + f" ({sum(h for _, h in hours):.2f} in all)"
         )
     if summary.best_rows:
         lines.append(format_table(summary.best_rows, [c for c in SHOW_COLUMNS if c != "reason"]))

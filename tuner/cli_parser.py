@@ -217,8 +217,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--runner",
         default="auto",
-        choices=("auto", "estimate", "megatron", "verl"),
-        help="auto: megatron on a GPU machine, else the estimator (default auto)",
+        choices=("auto", "estimate", "megatron", "verl", "ladder"),
+        help="auto: megatron on a GPU machine, else the estimator (default auto); ladder: the "
+        "fidelity ladder: the estimator prunes, the megatron runner screens every candidate "
+        "(rows source=megatron), real verl confirms the best (rows source=verl, the whole step; "
+        "needs the verl runner's options) and the study learns each phase's verl/megatron ratio",
+    )
+    g.add_argument(
+        "--confirm-top",
+        type=positive_int,
+        default=3,
+        help="--runner ladder: real verl confirms this many best screened candidates at the "
+        "study's end, besides each screened one predicted (by the learned ratios) to beat the "
+        "best confirmed, at once (default 3)",
     )
     g.add_argument(
         "--measure-generation",

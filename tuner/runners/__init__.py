@@ -18,7 +18,7 @@ __all__ = [
     "pinned_knobs",
 ]
 
-RUNNER_NAMES = ("auto", "estimate", "megatron", "verl")
+RUNNER_NAMES = ("auto", "estimate", "megatron", "verl", "ladder")
 
 
 def gpu_available() -> bool:
@@ -74,4 +74,13 @@ def make_runner(name: str, **options: object) -> Runner:
         from tuner.runners.verl import VerlRunner
 
         return VerlRunner(**options)  # type: ignore[arg-type]
+    if name == "ladder":  # options: fast= (the megatron runner's), confirm= (verl's), confirm_top=
+        from tuner.runners.ladder import LadderRunner
+
+        fast, confirm = dict(options.pop("fast", {})), dict(options.pop("confirm", {}))  # type: ignore[call-overload]
+        return LadderRunner(
+            fast=make_runner("megatron", **fast),
+            confirm=make_runner("verl", **confirm),
+            **options,  # type: ignore[arg-type]
+        )
     raise UserError(f"unknown runner {name!r}: use one of {', '.join(RUNNER_NAMES)}")

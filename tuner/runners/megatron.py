@@ -375,7 +375,10 @@ class MegatronRunner(Runner):
                 cwd=d,
                 poll=watch.poll if spec.should_stop else None,
             )
-        return finish(to_trial_result(out, paths[RESULT_NAME], wspec, spec, watch), gen)
+        replicas = max(1, spec.cluster.num_gpus // spec.candidate.rollout_tp)
+        return finish(
+            to_trial_result(out, paths[RESULT_NAME], wspec, spec, watch), gen, replicas=replicas
+        )
 
     def _run_pool(
         self, spec: TrialSpec, d: Path, paths: dict[str, Path], watch: ProgressWatch

@@ -355,9 +355,12 @@ def _row(status: Status, reason: str, log: str) -> TrialResult:
     )
 
 
-def finish(row: TrialResult, gen: GenRun | None) -> TrialResult:
+def finish(row: TrialResult, gen: GenRun | None, *, replicas: int = 1) -> TrialResult:
     """The trial's row with its generation: measured (generation_s, the KV cache vLLM reported,
-    the objective over the three phases) or, without a run, `generation=predicted`."""
+    the objective over the three phases) or, without a run, `generation=predicted`. Where the
+    rollout has several replicas (GPUs / rollout TP), `gen_replicas` says that one was measured
+    with its share of the sequences and the others taken to take as long (verl's replicas
+    generate apart, each on its own GPUs, with no traffic between them)."""
     if gen is None or gen.result is None:
         return dataclasses.replace(row, extra={**row.extra, "generation": "predicted"})
     r = gen.result
@@ -369,6 +372,11 @@ def finish(row: TrialResult, gen: GenRun | None) -> TrialResult:
         v = getattr(r, k)
         if v is not None:
             extra[f"gen_{k}"] = v
+    if replicas > 1:
+        extra["gen_replicas"] = (
+            f"1 of {replicas} measured with its share of the sequences, the others independent "
+            "and taken as long"
+        )
     tps = row.tokens_per_s_per_gpu
     train = (row.old_log_prob_s or 0.0) + (row.update_actor_s or 0.0)
     if row.status is Status.OK and tps and train > 0 and math.isfinite(train):

@@ -96,6 +96,15 @@ def measured_phases(rec: TrialRecord) -> tuple[str, ...]:
     return tuple(ph for ph in SCALED_PHASES if getattr(rec, f"{ph}_s") is not None and timed(ph))
 
 
+def confirmed_trial(rec: TrialRecord) -> int:
+    """The screened trial a ladder confirmation measured again (its `extra` confirms=<n>: a
+    number in a live record, text in one read back); -1 for any other row."""
+    try:
+        return int(str(rec.extra.get("confirms", "")).strip())
+    except ValueError:
+        return -1
+
+
 def raw_prediction(rec: TrialRecord, phase: str) -> float | None:
     """The cost model's time of `phase` for a row: its pred_<phase>_s over the scale the study
     applied when it was proposed (none recorded: none applied)."""
@@ -140,6 +149,17 @@ class StudyLearner:
     launches: list[float] = field(default_factory=list)
     pairs: list[tuple[str, float | None, float | None]] = field(default_factory=list)
     scales: dict[str, float] = field(default_factory=dict)
+    screen_source: str = ""
+    """A fidelity-ladder study's screening rung (the fast runner's `source`; tuner.runners.ladder):
+    the cost model's scales are learned from its rows alone, and the rows of another measuring
+    source (real verl's confirmations) teach `rung_ratios` instead. '' for a one-runner study."""
+    screens: dict[int, TrialRecord] = field(default_factory=dict)
+    """The screening rung's ok rows by trial: what a confirmation is compared with."""
+    rung_pairs: list[tuple[str, float | None, float | None]] = field(default_factory=list)
+    rung_ratios: dict[str, float] = field(default_factory=dict)
+    """verl's time over the fast runner's on the same candidate, per phase (learned_key) and for
+    the step ("step": the fast rung's throughput over verl's, a time ratio); 1 where no
+    confirmation measured it."""
 
     def __post_init__(self) -> None:
         self.guard = MemoryGuard(self.capacity_gib, headroom_gib=self.headroom_gib)
@@ -150,6 +170,11 @@ class StudyLearner:
             return
         if rec.launch_s:
             self.launches.append(rec.launch_s)
+        if self.screen_source and rec.source != self.screen_source:
+            self._observe_confirmation(rec)
+            return
+        if self.screen_source and rec.status is Status.OK:
+            self.screens[rec.trial] = rec
         pred_mem = rec.pred_device_mem_gib
         # A verl row has no measure of what is predicted (the training phases' device total):
         # verl's perf/max_memory_* are the actor's allocator alone (no CUDA context, NCCL or
@@ -185,6 +210,28 @@ class StudyLearner:
         if rec.status is Status.OK and rec.pred_tokens_per_s_per_gpu and rec.tokens_per_s_per_gpu:
             self.pairs.append(("step", rec.tokens_per_s_per_gpu, rec.pred_tokens_per_s_per_gpu))
         self.scales = time_scales(self.pairs)
+
+    def _observe_confirmation(self, rec: TrialRecord) -> None:
+        """Learn the rung ratios from a confirmation (`extra` confirms=<screened trial>): each
+        phase both rungs timed, and the throughput."""
+        fast = self.screens.get(confirmed_trial(rec) if rec.status is Status.OK else -1)
+        if fast is None:
+            return
+        for ph in set(measured_phases(fast)) & set(measured_phases(rec)):
+            key = learned_key(ph, eager(rec))
+            self.rung_pairs.append((key, getattr(fast, f"{ph}_s"), getattr(rec, f"{ph}_s")))
+        if rec.tokens_per_s_per_gpu and fast.tokens_per_s_per_gpu:
+            self.rung_pairs.append(("step", rec.tokens_per_s_per_gpu, fast.tokens_per_s_per_gpu))
+        self.rung_ratios = time_scales(self.rung_pairs)
+
+    def rung_ratios_for(self, enforce_eager: bool) -> dict[str, float]:
+        """verl over the fast rung per phase (SCALED_PHASES) and for the step, for a candidate of
+        this `enforce_eager` (generation from rows of the same mode); 1 where none learned."""
+        out = {
+            ph: self.rung_ratios.get(learned_key(ph, enforce_eager), 1.0) for ph in SCALED_PHASES
+        }
+        out["step"] = self.rung_ratios.get("step", 1.0)
+        return out
 
     @property
     def time_scale(self) -> float:

@@ -21,6 +21,7 @@ import optuna
 from tuner import recipes
 from tuner.errors import UserError
 from tuner.results import Status, TrialRecord, number, rank, row_of
+from tuner.results.scope import WHOLE_STEP, scope_of
 from tuner.runners import pinned_knobs
 from tuner.space import Candidate, SearchSpace, current_fingerprint, current_params, sample
 from tuner.study.grid import (
@@ -29,6 +30,7 @@ from tuner.study.grid import (
     hand_retry_params,
     verl_example_params,
 )
+from tuner.study.ladder import confirm_due
 from tuner.study.learn import SlowerThanBestPruner, StudyLearner, should_stop_for
 from tuner.study.objective import (
     NOT_COPIED,
@@ -43,6 +45,7 @@ from tuner.study.objective import (
 )
 from tuner.study.request import Progress, StudySummary, TuneRequest
 from tuner.study.storage import (
+    CONFIRM_ORIGIN,
     FINISHED,
     HEARTBEAT_S,
     NOT_COUNTED,
@@ -79,6 +82,8 @@ _COUNTED_OFF = frozenset(s.value for s in NOT_COUNTED)
 def _counts(t: optuna.trial.FrozenTrial) -> bool:
     """Whether a finished trial counts against --trials: a FAIL trial with no record was
     interrupted (its worker died; `reclaim_interrupted`) and does not."""
+    if str(t.user_attrs.get("origin", "")).startswith(CONFIRM_ORIGIN):
+        return False  # a ladder's confirmation measures a counted screen again
     status = t.user_attrs.get("status")
     if status is None and t.state is optuna.trial.TrialState.FAIL:
         return RECORD_ATTR in t.user_attrs
@@ -213,7 +218,9 @@ class _Study:
         self.records: dict[int, TrialRecord] = {}
         """Parsed records by trial number (parsed once; for learning and repeats)."""
         self.learner = StudyLearner(
-            capacity_gib=req.cluster.gpu.memory_gib, headroom_gib=req.headroom_gib
+            capacity_gib=req.cluster.gpu.memory_gib,
+            headroom_gib=req.headroom_gib,
+            screen_source=str(getattr(req.runner, "screen_source", "")),
         )
 
     def lock(self) -> contextlib.AbstractContextManager[bool]:
@@ -494,6 +501,8 @@ def _loop(
     ran = pruned = unfit_in_a_row = 0
     reclaim_at = time.monotonic() + HEARTBEAT_S
     while deadline is None or time.monotonic() < deadline:
+        if confirm_due(s, req, beat, final=False):  # the fidelity ladder's, at once
+            continue
         with s.lock() as locked_:
             if time.monotonic() >= reclaim_at:  # workers that died while this one ran
                 reclaim_interrupted(s.study, locked_, s.recover, s.storage)
@@ -567,6 +576,8 @@ def _loop(
                     best_layout=best[1] if best else "",
                 )
             )
+    if deadline is None or time.monotonic() < deadline:
+        confirm_due(s, req, beat, final=True)  # the fidelity ladder's top candidates
     paths = write_best_recipes(req, s)
     ts = s.trials()
     s.write_view(ts)
@@ -594,14 +605,28 @@ def _loop(
         launch_s=launch,
         warmup_s=warmup,
         unmeasured_s=unmeasured,
+        gpu_hours=gpu_hours_by_source(own),
         other_s=max(0.0, total - measured - launch - warmup - unmeasured),
         notes=tuple(notes),
     )
 
 
+def gpu_hours_by_source(records: list[TrialRecord]) -> tuple[tuple[str, float], ...]:
+    """GPU-hours the study's trials held, by the rung that measured them (`source`: megatron,
+    verl; the estimator's and the tuner's rows hold no GPU), largest first."""
+    hours: dict[str, float] = {}
+    for r in records:
+        if r.source in ("", "estimate", "tuner") or not r.duration_s:
+            continue
+        hours[r.source] = hours.get(r.source, 0.0) + r.duration_s * r.num_gpus / 3600
+    return tuple(sorted(hours.items(), key=lambda kv: -kv[1]))
+
+
 def _ok_rows(s: _Study) -> list[dict[str, str]]:
     """The ok rows, the fastest first, each candidate once (a repeat's copied result is not a
-    second best row: recipes.distinct)."""
+    second best row: recipes.distinct). Where the study has whole-step rows (verl's) beside
+    rows of a partial scope (the fidelity ladder's screens), the whole-step rows rank first:
+    a partial step's throughput is never set above a whole one's."""
     got = s.study.user_attrs.get(RECIPES_ATTR)
     recipes_by_trial = got if isinstance(got, dict) else {}
     rows = []
@@ -610,7 +635,11 @@ def _ok_rows(s: _Study) -> list[dict[str, str]]:
             row = row_of(r.to_dict())
             row["recipe"] = recipes_by_trial.get(row["trial"], row["recipe"])
             rows.append(row)
-    return recipes.distinct(rank(rows, status="ok"))
+    ranked = rank(rows, status="ok")
+    whole = [r for r in ranked if scope_of(r["source"], r.get("extra", "")) == WHOLE_STEP]
+    if whole:
+        ranked = whole + [r for r in ranked if all(r is not w for w in whole)]
+    return recipes.distinct(ranked)
 
 
 def write_best_recipes(req: TuneRequest, s: _Study) -> list[Path]:

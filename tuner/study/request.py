@@ -138,5 +138,8 @@ class StudySummary:
     """Wall time of the trials that gave no measured step (failed, OOM, timed out)."""
     other_s: float = 0.0
     """The rest of the trials' wall time (sum of `duration_s` less the four above)."""
+    gpu_hours: tuple[tuple[str, float], ...] = ()
+    """GPU-hours the study's trials held, by the rung (row `source`) that measured them:
+    (megatron, h), (verl, h); what the fidelity ladder spent on each rung."""
     notes: tuple[str, ...] = ()
     """Lines for stderr: a damaged leaderboard set aside, a space where nothing fits, ..."""

@@ -620,6 +620,10 @@ def running_elsewhere(study: optuna.Study, locked_: bool) -> list[optuna.trial.F
 RERUN_ORIGIN = "re-run of interrupted trial "
 """Origin (user attr and CSV column) of a trial enqueued to re-run an interrupted one; the
 interrupted trial's number follows."""
+CONFIRM_ORIGIN = "confirms trial "
+"""Origin of a fidelity ladder's confirmation (tuner.study.ladder): real verl on the candidate of
+the screened trial whose number follows. Not a trial of --trials' count, and not re-enqueued when
+interrupted (the ladder runs it again itself)."""
 
 
 def candidate_params(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
@@ -636,7 +640,8 @@ def _rerun_due(t: optuna.trial.FrozenTrial, origins: set[str]) -> bool:
     that kills its worker is not retried forever), not one killed before it had a candidate
     (nothing enqueued, nothing sampled), not one that stored its record or (an older
     version's) status: it finished."""
-    if not candidate_params(t) or str(t.user_attrs.get("origin", "")).startswith(RERUN_ORIGIN):
+    origin = str(t.user_attrs.get("origin", ""))
+    if not candidate_params(t) or origin.startswith((RERUN_ORIGIN, CONFIRM_ORIGIN)):
         return False
     if RECORD_ATTR in t.user_attrs or "status" in t.user_attrs:
         return False
