@@ -33,7 +33,6 @@ from tuner.cli_args.checks import (
     known_columns,
     validate,
 )
-from tuner.cli_args.options import RUN_OPTIONS, RunOption, check_runner_options
 from tuner.cli_args.messages import (
     error_line,
     finite_json,
@@ -41,6 +40,7 @@ from tuner.cli_args.messages import (
     os_error_line,
     storage_failure_line,
 )
+from tuner.cli_args.options import RUN_OPTIONS, RunOption, check_runner_options
 from tuner.cli_args.values import (
     MAX_NAME_CHARS,
     SEED_MAX,
