@@ -61,6 +61,20 @@ def test_every_measure_a_runner_reports_has_its_record_column() -> None:
     assert set(MEASURES) == set(MEASURE_COLUMNS)  # the record's measure columns are these
 
 
+def test_one_record_of_measures_is_shared_by_the_result_and_the_row() -> None:
+    """The measures are declared once (TrialMeasures): the runners' TrialResult and the row's
+    TrialRecord are it plus their own fields, with its docstrings; the leaderboard's measure
+    columns are its fields, in its order."""
+    from tuner.measures import MEASURES, TrialMeasures
+
+    for cls in (TrialResult, TrialRecord):
+        assert issubclass(cls, TrialMeasures), cls
+        own = {f.name for f in dataclasses.fields(cls)} - set(MEASURES)
+        assert not own & set(TrialMeasures.__dataclass_fields__), cls
+        assert not set(MEASURES) & set(vars(cls).get("__annotations__", {})), cls
+    assert MEASURE_COLUMNS == MEASURES
+
+
 def _request(tmp: Path) -> TuneRequest:
     return TuneRequest(
         model=REGISTRY["qwen2.5-7b"],
