@@ -136,7 +136,7 @@ def main(out: Path, *, eager_nccl: bool = False) -> int:
     line = (
         f"{'trial (peaks)':<44} used {result.peak_mem_device_gib or 0:7.2f}  reserved "
         f"{result.peak_mem_reserved_gib or 0:7.2f}  allocated "
-        f"{result.peak_mem_allocated_gib or 0:7.2f}  outside {peak_out:6.2f}"
+        f"{result.peak_mem_gib or 0:7.2f}  outside {peak_out:6.2f}"
     )
     print(line, flush=True)
     lines.append(line)

@@ -8,6 +8,7 @@ sizes, modes and mtimes are compared before and after.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import json
@@ -26,6 +27,7 @@ import pytest
 import tuner.cli_args
 from tests.conftest import ANCHORS
 from tuner.cli import build_parser, main
+from tuner.cli_args import RUN_OPTIONS
 
 R = ["--model", "qwen2.5-7b", "--gpus", "8", "--trials", "2", "--no-progress"]
 """A search that would run (and write results/) if the case's bad argument were accepted."""
@@ -1070,54 +1072,69 @@ def test_an_output_of_its_own_kind_is_replaced(
     assert main(["plot", GOOD, "--out", "p.png"]) == 0
 
 
-def _runner_options() -> list[tuple[str, list[str], str]]:
-    """Each option of the `verl runner` group with a value that is not its default, and the
-    launcher its help names (`--launcher ray: ...`), from the parser itself."""
+def _run_parser() -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    return sub.choices["run"]  # type: ignore[attr-defined,no-any-return]
+
+
+def _runner_options() -> list[tuple[str, list[str]]]:
+    """Each option `RUN_OPTIONS` declares, with a value that is not its default."""
+    actions = tuner.cli_args.flags_of(_run_parser())
+    out = []
+    for flag in RUN_OPTIONS:
+        a = actions[flag]
+        if a.nargs == 0:
+            given = [flag]
+        elif a.choices:
+            given = [flag, next(c for c in a.choices if c != a.default)]
+        else:
+            given = [flag, "x=y"]
+        out.append((flag, given))
+    return out
+
+
+def test_the_verl_runner_options_are_declared() -> None:
+    """Every option of the parser's `verl runner` group is declared in RUN_OPTIONS as the verl
+    runner's, with the launcher its help names: the check reads the declaration, not the
+    help."""
     import re
 
-    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
-    run = sub.choices["run"]  # type: ignore[attr-defined]
-    out = []
+    run = _run_parser()
     for group in run._action_groups:
         if not (group.title or "").startswith("verl runner"):
             continue
         for a in group._group_actions:
-            flag = a.option_strings[0]
-            if a.nargs == 0:
-                given = [flag]
-            elif a.choices:
-                given = [flag, next(c for c in a.choices if c != a.default)]
-            else:
-                given = [flag, "x=y"]
+            opt = RUN_OPTIONS[a.option_strings[0]]
+            assert opt.runners.names == ("verl",), opt
             m = re.match(r"--launcher (\w+):", a.help or "")
-            out.append((flag, given, m.group(1) if m else ""))
-    return out
+            assert opt.launcher == (m.group(1) if m else ""), opt
+            assert a.default == opt.parser_default, opt
 
 
 @pytest.mark.parametrize(
-    ("flag", "given", "launcher"), _runner_options(), ids=[o[0] for o in _runner_options()]
+    ("flag", "given"), _runner_options(), ids=[o[0] for o in _runner_options()]
 )
 def test_runner_options_need_their_runner(
     flag: str,
     given: list[str],
-    launcher: str,
     leaderboards: Path,
     workdir: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A verl-runner option under another runner (`--ray-address` with the estimator), and a
-    launcher's option under another launcher, was ignored without a word."""
-    for runner in ("auto", "estimate", "megatron"):
+    """A verl-runner option under another runner (`--ray-address` with the estimator), a
+    megatron-runner option under the verl runner, and a launcher's option under another
+    launcher, was ignored without a word."""
+    opt = RUN_OPTIONS[flag]
+    runners = tuner.cli_args.flags_of(_run_parser())["--runner"].choices
+    for runner in (r for r in runners if r not in opt.runners.names):
         argv = [*R, "--runner", runner, *given]
-        fragment = f"{flag} applies to --runner verl only, not --runner {runner}"
+        fragment = f"applies to {opt.runners.text}, not --runner {runner}"
         _assert_refused(argv, fragment, _none, leaderboards, workdir, monkeypatch, capsys)
-    if launcher:
-        other = "local" if launcher != "local" else "ray"
+    if opt.launcher:
+        other = "local" if opt.launcher != "local" else "ray"
         argv = [*R, "--runner", "verl", "--launcher", other, *given]
-        if flag == "--launcher":
-            return
-        fragment = f"{flag} applies to --launcher {launcher} only, not --launcher {other}"
+        fragment = f"{flag} applies to --launcher {opt.launcher} only, not --launcher {other}"
         _assert_refused(argv, fragment, _none, leaderboards, workdir, monkeypatch, capsys)
 
 

@@ -61,6 +61,21 @@ def test_every_measure_a_runner_reports_has_its_record_column() -> None:
     assert set(MEASURES) == set(MEASURE_COLUMNS)  # the record's measure columns are these
 
 
+def test_one_record_of_measures_is_shared_by_the_result_and_the_row() -> None:
+    """The measures are declared once (TrialMeasures): the runners' TrialResult, the megatron
+    worker's result.json and the row's TrialRecord are it plus their own fields, with its
+    docstrings; the leaderboard's measure columns are its fields, in its order."""
+    from tuner.measures import MEASURES, TrialMeasures
+    from tuner.runners.megatron_worker import WorkerResult
+
+    for cls in (TrialResult, TrialRecord, WorkerResult):
+        assert issubclass(cls, TrialMeasures), cls
+        own = {f.name for f in dataclasses.fields(cls)} - set(MEASURES)
+        assert not own & set(TrialMeasures.__dataclass_fields__), cls
+        assert not set(MEASURES) & set(vars(cls).get("__annotations__", {})), cls
+    assert MEASURE_COLUMNS == MEASURES
+
+
 def _request(tmp: Path) -> TuneRequest:
     return TuneRequest(
         model=REGISTRY["qwen2.5-7b"],
@@ -124,7 +139,8 @@ def test_a_record_keeps_every_measure_and_the_prediction_of_its_trial(tmp_path: 
 
 def test_the_megatron_runner_keeps_the_workers_memory_and_wall_times() -> None:
     """What the worker measured and the runner does not rescale reaches the row as it is, each
-    from its own field (the allocated peak as peak_mem_gib)."""
+    from its own field (the worker's result is TrialMeasures too: the allocated peak is its
+    peak_mem_gib)."""
     from tuner.runners.megatron import RUNNER_TIMES, worker_measures
     from tuner.runners.megatron_worker import WorkerResult
 
@@ -137,12 +153,14 @@ def test_the_megatron_runner_keeps_the_workers_memory_and_wall_times() -> None:
         status="ok", phase="update_actor", **{n: 10.0 + i for i, n in enumerate(numbers)}
     )
     got = worker_measures(r)
-    assert got == {
-        "peak_mem_gib": r.peak_mem_allocated_gib,
+    assert {k: v for k, v in got.items() if k not in ("generation_s", "ref_s", "reshard_s",
+            "verl_mfu_actor_pct")} == {
+        "peak_mem_gib": r.peak_mem_gib,
         "peak_mem_reserved_gib": r.peak_mem_reserved_gib,
         "peak_mem_device_gib": r.peak_mem_device_gib,
         "launch_s": r.launch_s,
         "measured_s": r.measured_s,
-    }
+    }  # fmt: skip
+    assert got == {m: getattr(r, m) for m in MEASURE_COLUMNS if m not in RUNNER_TIMES}
     assert len(set(got.values())) == len(got)
     assert set(got) <= set(MEASURES)

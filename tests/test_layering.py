@@ -43,6 +43,13 @@ def test_the_estimator_and_its_foundations_import_nothing_above_them() -> None:
     assert not _bad(below, ABOVE_THE_ESTIMATOR)
 
 
+def test_the_cli_checks_import_nothing_of_the_cli() -> None:
+    """tuner.cli_args sits below the command line: it reads the options' declaration
+    (cli_args.options), never the parser or the commands (checks.py imported cli.build_parser,
+    the package's one import circle)."""
+    assert not _bad(sorted((TUNER / "cli_args").glob("*.py")), ("tuner.cli", "tuner.cli_parser"))
+
+
 def test_the_cost_model_reads_no_csv() -> None:
     """Fitting and validating against committed CSVs is tuner.fit's; the cost model
     (tuner.estimate) imports no CSV reader, not even inside a function."""

@@ -10,6 +10,7 @@ import pytest
 from tuner.cli import main
 from tuner.errors import UserError
 from tuner.fileio import write_atomic
+from tuner.measures import MEASURES
 from tuner.results import (
     COLUMNS,
     SCHEMA_VERSION,
@@ -58,7 +59,9 @@ def test_upsert_rejects_unknown_columns(tmp_path: Path) -> None:
 def test_columns_come_from_the_record_with_units_and_one_name_per_quantity() -> None:
     names = [f.name for f in dataclasses.fields(TrialRecord)]
     assert COLUMNS[0] == "schema_version" and SCHEMA_VERSION == 3
-    assert [c for c in COLUMNS if c in names] == [n for n in names if n != "knobs"]
+    own = [n for n in names if n not in MEASURES and n != "knobs"]  # the record's, in order
+    at = own.index("infer_parallel") + 1  # the measures (TrialMeasures, its base) follow it
+    assert [c for c in COLUMNS if c in names] == [*own[:at], *MEASURES, *own[at:]]
     for c in ("throughput", "mfu", "mfu_pct", "throughput_tokens_per_s_per_gpu"):
         assert c not in COLUMNS
     for c in (

@@ -195,7 +195,7 @@ def nothing_fits(summary: Any) -> bool:
 def summary_text(summary: Any) -> str:
     """What a finished `tune run` prints on stdout: the study, how its trials' wall time split,
     the best rows and the recipes (StudySummary fields this version may lack: getattr)."""
-    from tuner.results import SHOW_COLUMNS, format_table
+    from tuner.results import SHOW_COLUMNS, SUMMARY_LEAVES_OUT, format_table
     from tuner.results.scope import MEANINGS, scope_of
 
     lines = []
@@ -231,7 +231,8 @@ def summary_text(summary: Any) -> str:
             + f" ({sum(h for _, h in hours):.2f} in all)"
         )
     if summary.best_rows:
-        lines.append(format_table(summary.best_rows, [c for c in SHOW_COLUMNS if c != "reason"]))
+        shown = [c for c in SHOW_COLUMNS if c not in SUMMARY_LEAVES_OUT]
+        lines.append(format_table(summary.best_rows, shown))
         rows = summary.best_rows
         scopes = sorted({scope_of(r.get("source", ""), r.get("extra", "")) for r in rows})
         covers = "; ".join(MEANINGS[sc] for sc in scopes if sc)

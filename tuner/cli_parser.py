@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from tuner.cli_args import (
+    RUN_OPTIONS,
     OneLineParser,
     env_assignment,
     layout_text,
@@ -111,71 +113,85 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_run_option(g: Any, flag: str, **kwargs: Any) -> None:
+    """Adds the `tune run` option `flag` as `RUN_OPTIONS` declares it (the runners and launcher
+    it serves, which `check_runner_options` asks): its default from there, and its help opened
+    by the launcher it serves (`--launcher ray: ...`)."""
+    opt = RUN_OPTIONS[flag]
+    help_text = kwargs.pop("help")
+    if opt.launcher:
+        help_text = f"--launcher {opt.launcher}: {help_text}"
+    g.add_argument(flag, default=opt.parser_default, help=help_text, **kwargs)
+
+
 def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "verl runner (--runner verl: real verl main_ppo trials of 3 steps; see docs/clusters.md)"
     )
-    g.add_argument(
+    _add_run_option(
+        g,
         "--launcher",
         choices=("local", "ray", "slurm"),
-        default="local",
         help="where trials run: this node, a Ray cluster (Jobs API) or Slurm (default local)",
     )
-    g.add_argument(
+    _add_run_option(
+        g,
         "--model-path",
         help="the model's Hugging Face weights (a folder every node can read)",
     )
-    g.add_argument(
+    _add_run_option(
+        g,
         "--train-file",
         type=path_text,
         help="a verl parquet of prompts (default: a synthetic one of the workload's lengths)",
     )
-    g.add_argument(
+    _add_run_option(
+        g,
         "--reward-fn",
         type=path_text,
         help="a Python file with compute_score() (default: reward.py beside --train-file, "
         "else verl's scorer for each row's data_source)",
     )
-    g.add_argument(
+    _add_run_option(
+        g,
         "--verl-bridge",
         choices=("megatron-bridge", "mbridge"),
         help="how verl builds the Megatron model: megatron-bridge (verl 0.9.1's default) or "
         "mbridge (actor.megatron.vanilla_mbridge=True); recorded in each row and the recipe",
     )
-    g.add_argument(
+    _add_run_option(
+        g,
         "--verl-override",
         action="append",
-        default=[],
         type=verl_override_text,
         metavar="KEY=VALUE",
         help="another verl Hydra override for every trial (repeatable), checked against verl's "
         "own config before anything launches; recorded in each row and the recipe",
     )
-    g.add_argument(
+    _add_run_option(
+        g,
         "--verl-env",
         action="append",
-        default=[],
         type=env_assignment,
         metavar="NAME=VALUE",
         help="an environment variable for every trial (repeatable); recorded in each row and "
         "the recipe (the preflight adds what the host needs, e.g. VLLM_USE_FLASHINFER_SAMPLER=0 "
         "where flashinfer is absent)",
     )
-    g.add_argument("--ray-address", help="--launcher ray: the dashboard, http://<head>:8265")
-    g.add_argument("--slurm-partition", help="--launcher slurm: #SBATCH --partition")
-    g.add_argument("--slurm-account", help="--launcher slurm: #SBATCH --account")
-    g.add_argument(
+    _add_run_option(g, "--ray-address", help="the dashboard, http://<head>:8265")
+    _add_run_option(g, "--slurm-partition", help="#SBATCH --partition")
+    _add_run_option(g, "--slurm-account", help="#SBATCH --account")
+    _add_run_option(
+        g,
         "--slurm-arg",
         action="append",
-        default=[],
         metavar="OPTION",
-        help="--launcher slurm: another #SBATCH option, e.g. --slurm-arg=--qos=high (repeatable)",
+        help="another #SBATCH option, e.g. --slurm-arg=--qos=high (repeatable)",
     )
-    g.add_argument(
+    _add_run_option(
+        g,
         "--slurm-setup",
-        default="",
-        help="--launcher slurm: shell lines run first in the job, e.g. "
-        "'source /shared/venv/bin/activate'",
+        help="shell lines run first in the job, e.g. 'source /shared/venv/bin/activate'",
     )
 
 
@@ -231,18 +247,18 @@ def build_parser() -> argparse.ArgumentParser:
         "study's end, besides each screened one predicted (by the learned ratios) to beat the "
         "best confirmed, at once (default 3)",
     )
-    g.add_argument(
+    _add_run_option(
+        g,
         "--measure-generation",
         action=argparse.BooleanOptionalAction,
-        default=None,
         help="the megatron runner generates each trial's rollout with vLLM (one engine kept "
         "across trials with the same rollout settings, asleep while training runs) and ranks "
         "by generation + training; default: where vLLM imports and --model is a config.json "
         "path, else generation is predicted. --measure-generation without vLLM is an error",
     )
-    g.add_argument(
+    _add_run_option(
+        g,
         "--layer-spec",
-        default="auto",
         choices=LAYER_SPEC_CHOICES,
         help="the layers the megatron runner builds: te (transformer-engine's, as verl builds "
         "its actor; its fused kernels are searched) or local (megatron-core's local layers, as "

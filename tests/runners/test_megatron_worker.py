@@ -137,11 +137,14 @@ def test_result_round_trip_and_validation(tmp_path: Path):
         phase="update_actor",
         step_s=2.0,
         tokens_per_s_per_gpu=1.0,
-        peak_mem_allocated_gib=3.0,
+        peak_mem_gib=3.0,
         peak_mem_device_gib=4.0,
         launch_s=5.0,
     )
     assert parse_result(json.dumps(r.to_dict())) == r
+    old = {**r.to_dict(), "schema": 2, "peak_mem_allocated_gib": 3.0}  # schema 2's name
+    del old["peak_mem_gib"]
+    assert parse_result(old) == r
     with pytest.raises(ValueError, match="finite step_s"):
         parse_result({**r.to_dict(), "step_s": None})
     with pytest.raises(ValueError, match="phase"):

@@ -9,6 +9,8 @@ All of it runs before a command creates or launches anything, or when one fails:
 - `checks`: `validate(args)`, what needs the file system or several arguments (a results folder
   that is a file or read-only, a CSV that is a folder or damaged, `--columns` the leaderboard
   lacks, a `--storage` of no known form or one `report`/`reread` would have to create).
+- `options`: the `tune run` options that serve only some runners or launchers, declared once
+  (`RUN_OPTIONS`), and `check_runner_options`, which refuses one given where it does nothing.
 - `messages`: an error inside a command (an OSError, a failing storage) as one line.
 
 Every message is one line that says what to change; `tuner.cli.main` prints it and exits 2.
@@ -24,7 +26,6 @@ from tuner.cli_args.checks import (
     check_leaderboard,
     check_output_file,
     check_readable_file,
-    check_runner_options,
     check_storage_url,
     check_stored_storage,
     check_writable_dir,
@@ -39,6 +40,7 @@ from tuner.cli_args.messages import (
     os_error_line,
     storage_failure_line,
 )
+from tuner.cli_args.options import RUN_OPTIONS, RunOption, check_runner_options
 from tuner.cli_args.values import (
     MAX_NAME_CHARS,
     SEED_MAX,
@@ -64,7 +66,9 @@ __all__ = [
     "SEED_MAX",
     "STORAGE_SCHEMES",
     "VALIDATORS",
+    "RUN_OPTIONS",
     "OneLineParser",
+    "RunOption",
     "check_columns",
     "check_existing_storage",
     "check_leaderboard",

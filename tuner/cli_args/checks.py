@@ -18,6 +18,7 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from tuner.cli_args.options import check_runner_options
 from tuner.cli_args.values import shown
 from tuner.errors import UserError
 from tuner.fileio import CSV_MAX_BYTES, JSON_MAX_BYTES, check_input_file, read_input
@@ -291,6 +292,9 @@ def _check_run(args: argparse.Namespace) -> None:
     if args.candidates_from is not None:
         check_leaderboard(args.candidates_from, "--candidates-from", needs_ours="--candidates-from")
     check_runner_options(args)
+    layer_spec = getattr(args, "layer_spec", "auto")
+    if layer_spec != "auto":
+        resolve_layer_spec(layer_spec)  # te without transformer-engine: one line, exit 2
 
 
 STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
@@ -387,52 +391,6 @@ def check_existing_storage(path: Path, flag: str) -> None:
             f"{flag} {path} is another application's SQLite database, not an Optuna storage: "
             "pass the study's storage"
         )
-
-
-_FOR_LAUNCHER = re.compile(r"--launcher (\w+):")
-
-
-def check_runner_options(args: argparse.Namespace) -> None:
-    """No option is given where it does nothing: the options of the `verl runner` group need
-    `--runner verl`, and those whose help starts `--launcher X:` need that launcher (a
-    `--ray-address` under `--runner estimate` was ignored without a word)."""
-    from tuner.cli import build_parser
-
-    if args.measure_generation is not None and args.runner not in ("megatron", "auto"):
-        raise UserError(
-            f"--{'' if args.measure_generation else 'no-'}measure-generation applies to the "
-            f"megatron runner (--runner megatron or auto), not --runner {args.runner}: leave it "
-            "out (the verl runner always generates, the estimator never does)"
-        )
-    layer_spec = getattr(args, "layer_spec", "auto")
-    if layer_spec != "auto":
-        if args.runner not in ("megatron", "auto"):
-            raise UserError(
-                f"--layer-spec {layer_spec} applies to the megatron runner (--runner "
-                f"megatron or auto), not --runner {args.runner}: leave it out"
-            )
-        resolve_layer_spec(layer_spec)  # te without transformer-engine: one line, exit 2
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    run = sub.choices["run"]
-    for group in run._action_groups:
-        if not (group.title or "").startswith("verl runner"):
-            continue
-        for a in group._group_actions:
-            value = getattr(args, a.dest, a.default)
-            if value == a.default or value in (None, [], False):
-                continue
-            flag = a.option_strings[0]
-            if args.runner != "verl":
-                raise UserError(
-                    f"{flag} applies to --runner verl only, not --runner {args.runner}: add "
-                    f"--runner verl or leave {flag} out"
-                )
-            m = _FOR_LAUNCHER.match(a.help or "")
-            if m and args.launcher != m.group(1):
-                raise UserError(
-                    f"{flag} applies to --launcher {m.group(1)} only, not --launcher "
-                    f"{args.launcher}: add --launcher {m.group(1)} or leave {flag} out"
-                )
 
 
 def _check_export(args: argparse.Namespace) -> None:

@@ -8,6 +8,7 @@ import pandas as pd
 
 from tuner.errors import UserError
 from tuner.results import COLUMN_TYPES, SHORT_NAMES, Status
+from tuner.results import SHOW_COLUMNS as SHOW_COLUMNS  # re-exported: what `tune show` prints
 
 REFERENCE_INT_COLUMNS = frozenset({"actor_budget", "log_prob_budget"})
 """Counts of the published reference CSVs only (their micro-batch or token budget columns:
@@ -40,32 +41,6 @@ STATUS_ORDER = (*(s.value for s in Status), "no-data")
 
 PREDICTED_PRUNED = frozenset({Status.PRUNED_INVALID.value, Status.PRUNED_OOM.value, "no-data"})
 """Statuses of rows that never launched."""
-
-SHOW_COLUMNS = (
-    "trial",
-    "status",
-    "source",
-    "gpu",
-    "num_gpus",
-    "train_parallel",
-    "infer_parallel",
-    "placement",
-    "tokens_per_s_per_gpu",
-    "scope",
-    "vs_ref",
-    "step_s",
-    "generation_s",
-    "old_log_prob_s",
-    "update_actor_s",
-    "mfu_update_pct",
-    "verl_mfu_actor_pct",
-    "peak_mem_gib",
-    "peak_mem_device_gib",
-    "pred_peak_mem_gib",
-    "origin",
-    "reason",
-)
-"""What `tune show` prints by default (columns empty in every shown row are left out)."""
 
 DERIVED_COLUMNS = (
     "file",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tuner.errors import UserError
+from tuner.measures import MEASURES, TrialMeasures
 from tuner.results.result import Status
 from tuner.space import CANDIDATE_FIELDS, KNOB_COLUMN_TYPES
 
@@ -23,9 +24,10 @@ READ_VERSIONS = ("1", "2", str(SCHEMA_VERSION))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class TrialRecord:
+class TrialRecord(TrialMeasures):
     """Everything known about one trial: what was tried, what the cost model predicted when it
-    was proposed, what was measured, and where it came from. The Optuna storage keeps it
+    was proposed, what was measured (TrialMeasures: its columns follow `infer_parallel`), and
+    where it came from. The Optuna storage keeps it
     (`to_dict`, JSON) and the CSV leaderboard is a view of it (`to_row`, one column a field).
     Times in seconds, memory in GiB; predictions only in `pred_*` fields, never mixed with
     measured ones."""
@@ -52,32 +54,6 @@ class TrialRecord:
     """Layout notation, e.g. `tp4pp2`."""
     infer_parallel: str = ""
     """Rollout layout, e.g. `tp2`."""
-    tokens_per_s_per_gpu: float | None = None
-    """Measured throughput (verl's perf/throughput): the objective."""
-    step_s: float | None = None
-    generation_s: float | None = None
-    old_log_prob_s: float | None = None
-    ref_s: float | None = None
-    update_actor_s: float | None = None
-    reshard_s: float | None = None
-    mfu_update_pct: float | None = None
-    """Model FLOPs utilisation of the actor update, in percent, by the tuner's one formula
-    (`ModelSpec.training_flops`: forward + backward, no recompute) over `update_actor_s` x GPUs x
-    the GPU's dense bf16 peak: the cost model's for estimates, the measured update's for megatron
-    rows; empty where the update's FLOPs are not known (verl rows: see verl_mfu_actor_pct)."""
-    verl_mfu_actor_pct: float | None = None
-    """verl's own counter `perf/mfu/actor` in percent (its FlopsCounter over update_policy's
-    time; verl rows and the reference CSVs): not comparable with mfu_update_pct."""
-    peak_mem_gib: float | None = None
-    """Measured peak allocated memory, max over GPUs."""
-    peak_mem_reserved_gib: float | None = None
-    """Measured peak reserved by PyTorch's caching allocator, max over GPUs."""
-    peak_mem_device_gib: float | None = None
-    """Measured peak device memory in use, max over GPUs: what an OOM is decided on."""
-    launch_s: float | None = None
-    """Wall time from launch to the first measured step."""
-    measured_s: float | None = None
-    """Wall time in measured steps."""
     pred_tokens_per_s_per_gpu: float | None = None
     """Predicted throughput of what the runner measures (the raw cost model)."""
     pred_step_s: float | None = None
@@ -359,29 +335,36 @@ def _type_of(annotation: str) -> type:
     return {"int": int, "float": float, "bool": bool}.get(base, str)
 
 
-_RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TrialRecord))
-_PARSE: dict[str, Any] = {f.name: _parser_of(str(f.type)) for f in fields(TrialRecord)}
+MEASURES_AFTER = "infer_parallel"
+"""The record's field the measures (TrialMeasures, a base class: first among its dataclass
+fields) follow in the leaderboard's columns and the storage's records."""
+
+
+def _in_column_order(names: list[str]) -> tuple[str, ...]:
+    own = [n for n in names if n not in MEASURES]
+    at = own.index(MEASURES_AFTER) + 1
+    return (*own[:at], *MEASURES, *own[at:])
+
+
+_RECORD_FIELDS: tuple[str, ...] = _in_column_order([f.name for f in fields(TrialRecord)])
+"""The record's fields in the leaderboard's order."""
+_TYPES: dict[str, str] = {f.name: str(f.type) for f in fields(TrialRecord)}
+_PARSE: dict[str, Any] = {n: _parser_of(t) for n, t in _TYPES.items()}
 COLUMN_TYPES: dict[str, type] = {
     "schema_version": int,
     **{
         c: t
-        for f in fields(TrialRecord)
-        for c, t in (
-            KNOB_COLUMN_TYPES.items() if f.name == "knobs" else ((f.name, _type_of(str(f.type))),)
-        )
+        for n in _RECORD_FIELDS
+        for c, t in (KNOB_COLUMN_TYPES.items() if n == "knobs" else ((n, _type_of(_TYPES[n])),))
     },
 }
 """Every leaderboard column with the type of its cells, in the file's order: the record's fields
-in order, the knobs (tuner.space.KNOB_COLUMN_TYPES) in place of `knobs`."""
+in order (the measures after `infer_parallel`), the knobs (tuner.space.KNOB_COLUMN_TYPES) in
+place of `knobs`."""
 COLUMNS: tuple[str, ...] = tuple(COLUMN_TYPES)
 """The leaderboard's columns: the record's fields in order, the knobs in place of `knobs`."""
-MEASURE_COLUMNS = tuple(
-    f.name
-    for f in fields(TrialRecord)
-    if f.name.endswith(("_s", "_gib", "_pct", "_per_gpu"))
-    and not f.name.startswith("pred_")
-    and f.name != "duration_s"
-)
+MEASURE_COLUMNS = MEASURES
+"""The measured columns (TrialMeasures)."""
 PRED_COLUMNS = tuple(f for f in _RECORD_FIELDS if f.startswith("pred_"))
 NUMERIC = frozenset(c for c, t in COLUMN_TYPES.items() if t in (int, float))
 """The columns of numbers (counts and measures, knobs included): a text table formats them."""

@@ -61,9 +61,14 @@ SHOW_COLUMNS = (
     "trial",
     "status",
     "source",
+    "gpu",
+    "num_gpus",
     "train_parallel",
     "infer_parallel",
+    "placement",
     "tokens_per_s_per_gpu",
+    "scope",
+    "vs_ref",
     "step_s",
     "generation_s",
     "old_log_prob_s",
@@ -71,9 +76,18 @@ SHOW_COLUMNS = (
     "mfu_update_pct",
     "verl_mfu_actor_pct",
     "peak_mem_gib",
+    "peak_mem_device_gib",
     "pred_peak_mem_gib",
+    "origin",
     "reason",
 )
+"""What `tune show` prints by default (columns empty in every shown row are left out; `scope`
+and `vs_ref` are tuner.leaderboard's, added to the rows it loads), and of which a finished
+`tune run` prints all but SUMMARY_LEAVES_OUT."""
+SUMMARY_LEAVES_OUT = frozenset({"gpu", "num_gpus", "peak_mem_device_gib", "origin", "reason"})
+"""What the summary of a finished `tune run` leaves out of SHOW_COLUMNS: the study's own GPU
+kind and count (the same in every row), the device peak, why each row was tried, and the
+reason (empty in its ok rows)."""
 SHORT_NAMES = {
     "tokens_per_s_per_gpu": "tok/s/gpu",
     "num_gpus": "gpus",

@@ -504,18 +504,23 @@ def to_trial_result(
     )
 
 
-RUNNER_TIMES = ("step_s", "old_log_prob_s", "update_actor_s", "tokens_per_s_per_gpu")
+RUNNER_TIMES = (
+    "step_s",
+    "old_log_prob_s",
+    "update_actor_s",
+    "tokens_per_s_per_gpu",
+    "mfu_update_pct",
+)
 """The worker's measures the runner does not take as they are: the phase times it scales to the
-whole step, the step it leaves empty, the throughput (a stopped trial's is its last step's)."""
+whole step, the step it leaves empty, the throughput (a stopped trial's is its last step's),
+the update's MFU it computes (update_mfu_pct)."""
 
 
 def worker_measures(r: Any) -> dict[str, Any]:
-    """The worker's measures a row keeps as they are: its fields of the record's measure names
-    (results.MEASURE_COLUMNS: memory, launch and measured wall time) but RUNNER_TIMES, and its
-    allocated peak as peak_mem_gib."""
+    """The worker's measures a row keeps as they are: its TrialMeasures (results.MEASURE_COLUMNS:
+    memory, launch and measured wall time) but RUNNER_TIMES."""
     same = same_named(r, TrialResult, skip=RUNNER_TIMES)
-    kept = {k: v for k, v in same.items() if k in MEASURE_COLUMNS}
-    return {**kept, "peak_mem_gib": r.peak_mem_allocated_gib}
+    return {k: v for k, v in same.items() if k in MEASURE_COLUMNS}
 
 
 def update_mfu_pct(
@@ -545,7 +550,7 @@ def _pruned(
     plus `extra_s`, the generation measured before it (ProgressWatch.extra_s), so a whole-step
     row's number is a whole step's."""
     world = spec.cluster.num_gpus
-    if r is not None and r.peak_mem_allocated_gib is not None:
+    if r is not None and r.peak_mem_gib is not None:
         common = {**common, **worker_measures(r)}
     if not seen:
         return TrialResult(status=Status.PRUNED_SLOW, reason="stopped early", extra=extra, **common)

@@ -104,7 +104,7 @@ def _trial(ctx: _Ctx | None, spec_path: Path, out: Path, files: Any, t0: float, 
             f"{result.status} step {result.step_s or 0:.3f}s tokens/s/gpu "
             f"{result.tokens_per_s_per_gpu or 0:.0f} launch {result.launch_s or 0:.1f}s "
             f"measured {result.measured_s or 0:.1f}s peak alloc/resv/device "
-            f"{result.peak_mem_allocated_gib or 0:.1f}/{result.peak_mem_reserved_gib or 0:.1f}/"
+            f"{result.peak_mem_gib or 0:.1f}/{result.peak_mem_reserved_gib or 0:.1f}/"
             f"{result.peak_mem_device_gib or 0:.1f} GiB"
         )
     return ctx
@@ -117,10 +117,14 @@ def _fail(e: BaseException, out: Path, phase: Any, ctx: _Ctx | None) -> int:
         traceback.print_exc()
     log(f"{status} in {phase.name}: {one_line(e)}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    res = WorkerResult(status=status, phase=phase.name, reason=one_line(e), world_size=world)
-    if ctx is not None:
-        res.mem_at_failure = ctx.meter.snapshot_gib()
-    res.extra["failed_rank"] = int(os.environ.get("RANK", "0"))
+    res = WorkerResult(
+        status=status,
+        phase=phase.name,
+        reason=one_line(e),
+        world_size=world,
+        mem_at_failure=ctx.meter.snapshot_gib() if ctx is not None else {},
+        extra={"failed_rank": int(os.environ.get("RANK", "0"))},
+    )
     write_json_atomic(out, res.to_dict(), exclusive=True)
     sys.stdout.flush()
     sys.stderr.flush()

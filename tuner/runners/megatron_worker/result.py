@@ -1,4 +1,4 @@
-"""result.json (schema 2), the FLOPs count behind MFU, and how failures are told apart.
+"""result.json (schema 3), the FLOPs count behind MFU, and how failures are told apart.
 
 Pure Python: the runner reads results with `parse_result` on a machine with no torch."""
 
@@ -13,9 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from tuner.fileio import write_atomic
+from tuner.measures import TrialMeasures
 from tuner.models import ModelSpec
 
-SCHEMA = 2
+SCHEMA = 3
+"""3: the measures under the row's names (TrialMeasures: peak_mem_gib); 2 named the allocated
+peak peak_mem_allocated_gib, read as peak_mem_gib (OLD_NAMES)."""
+READ_SCHEMAS = (2, SCHEMA)
+OLD_NAMES = {"peak_mem_allocated_gib": "peak_mem_gib"}
+"""Schema 2's names of the measures, and theirs now."""
 STATUSES = ("ok", "oom", "failed", "abandoned")
 """abandoned: the runner asked the worker to stop the trial (early stop)."""
 RESULT_PHASES = ("init", "build", "warmup", "old_log_prob", "update_actor", "teardown")
@@ -55,40 +61,28 @@ def peak_bf16_tflops(device_name: str) -> float | None:
     return max(hits, key=lambda g: len(g.name)).bf16_tflops
 
 
-@dataclass(kw_only=True, slots=True)
-class WorkerResult:
-    """result.json. Times in seconds, memory in GiB (max over ranks)."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerResult(TrialMeasures):
+    """result.json: the trial's measures (TrialMeasures, max over ranks: peak_mem_gib is the
+    allocated peak; old_log_prob_s and update_actor_s the median measured step's, over the
+    mini-batches run; step_s their sum; tokens_per_s_per_gpu tokens / step_s / world; those it
+    does not measure, generation and both of the row's MFUs among them, stay None) and the
+    worker's own fields."""
 
     status: str
     phase: str
     """Where it ended (ok: the last phase run; failure: where it failed)."""
     reason: str = ""
-    old_log_prob_s: float | None = None
-    """old_log_prob forward of the step, the median measured step's."""
-    update_actor_s: float | None = None
-    """Actor update of the step (the mini-batches run), the median measured step's."""
-    step_s: float | None = None
-    """old_log_prob_s + update_actor_s."""
     step_times_s: list[float] = field(default_factory=list)
     """Every measured step, both phases."""
     tokens: int = 0
-    tokens_per_s_per_gpu: float | None = None
-    """tokens / step_s / world."""
     mfu_pct: float | None = None
     """Both phases' model FLOPs over both phases' time (the worker's own line; the row's
     mfu_update_pct, the update's alone, is the runner's: megatron.update_mfu_pct)."""
     flops_formula: str = FLOPS_FORMULA
     model_tflops_per_step: float | None = None
-    peak_mem_allocated_gib: float | None = None
-    peak_mem_reserved_gib: float | None = None
-    peak_mem_device_gib: float | None = None
-    """Device used (total - free, CUDA context, NCCL and fragmentation included)."""
     mem_at_failure: dict[str, float] = field(default_factory=dict)
     """On OOM: allocated/reserved/device GiB on the failing rank when it failed."""
-    launch_s: float | None = None
-    """Hand-over (process start or pool request) to the first measured step."""
-    measured_s: float | None = None
-    """Wall time in measured steps."""
     num_micro_batches: int = 0
     versions: dict[str, str] = field(default_factory=dict)
     gpu: str = ""
@@ -102,12 +96,13 @@ class WorkerResult:
 
 def parse_result(data: str | bytes | Mapping[str, Any]) -> WorkerResult:
     """A WorkerResult from result.json's text (or parsed object); raises ValueError if it is
-    not a schema-2 result."""
+    not a result of READ_SCHEMAS."""
     d = json.loads(data) if isinstance(data, (str, bytes)) else data
     if not isinstance(d, Mapping):
         raise ValueError("result is not a JSON object")
-    if d.get("schema") != SCHEMA:
-        raise ValueError(f"result schema {d.get('schema')!r} is not {SCHEMA}")
+    if d.get("schema") not in READ_SCHEMAS:
+        raise ValueError(f"result schema {d.get('schema')!r} is not one of {READ_SCHEMAS}")
+    d = {OLD_NAMES.get(k, k): v for k, v in d.items()}
     if d.get("status") not in STATUSES:
         raise ValueError(f"result status {d.get('status')!r} is not one of {STATUSES}")
     if d.get("phase") not in RESULT_PHASES:
@@ -115,7 +110,7 @@ def parse_result(data: str | bytes | Mapping[str, Any]) -> WorkerResult:
     known = set(WorkerResult.__dataclass_fields__)
     r = WorkerResult(**{k: v for k, v in d.items() if k in known})
     if r.status == "ok":
-        for k in ("step_s", "tokens_per_s_per_gpu", "peak_mem_allocated_gib"):
+        for k in ("step_s", "tokens_per_s_per_gpu", "peak_mem_gib"):
             v = getattr(r, k)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 raise ValueError(f"ok result lacks a finite {k}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -397,7 +397,7 @@ def _result(
         phase=phases[-1],
         step_times_s=[round(sum(s.values()), 4) for s in per_step],
         tokens=tokens,
-        peak_mem_allocated_gib=alloc,
+        peak_mem_gib=alloc,
         peak_mem_reserved_gib=resv,
         peak_mem_device_gib=dev,
         launch_s=launch_s,
@@ -417,14 +417,16 @@ def _result(
         for p in phases
     )
     peak = peak_bf16_tflops(gpu)
-    base.old_log_prob_s = med.get("old_log_prob")
-    base.update_actor_s = med.get("update_actor")
-    base.step_s = step_s
-    base.tokens_per_s_per_gpu = tokens / step_s / world
-    base.mfu_pct = 100.0 * flops / (step_s * world * peak * 1e12) if peak else None
-    base.model_tflops_per_step = flops / 1e12
-    base.flops_formula = f"{FLOPS_FORMULA}; peak {peak} TFLOP/s bf16 per GPU"
-    return base
+    return replace(
+        base,
+        old_log_prob_s=med.get("old_log_prob"),
+        update_actor_s=med.get("update_actor"),
+        step_s=step_s,
+        tokens_per_s_per_gpu=tokens / step_s / world,
+        mfu_pct=100.0 * flops / (step_s * world * peak * 1e12) if peak else None,
+        model_tflops_per_step=flops / 1e12,
+        flops_formula=f"{FLOPS_FORMULA}; peak {peak} TFLOP/s bf16 per GPU",
+    )
 
 
 def _versions(mcore: Any) -> dict[str, str]:
