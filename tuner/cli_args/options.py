@@ -26,11 +26,13 @@ class Runners:
 
 
 VERL = Runners(
-    names=("verl",), text="--runner verl only", fix="add --runner verl or leave {flag} out"
+    names=("verl", "ladder"),
+    text="--runner verl or ladder only",
+    fix="add --runner verl or leave {flag} out",
 )
 MEGATRON = Runners(
-    names=("megatron", "auto"),
-    text="the megatron runner (--runner megatron or auto)",
+    names=("megatron", "auto", "ladder"),
+    text="the megatron runner (--runner megatron, auto, or ladder's screening rung)",
     fix="leave it out",
 )
 
