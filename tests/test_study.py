@@ -20,7 +20,7 @@ from tuner.runners.estimate import EstimateRunner
 from tuner.space import SearchSpace, SpaceLimits
 from tuner.study import TuneRequest, run_study, warm_start_params
 from tuner.study import loop as study_loop
-from tuner.study.learn import StudyLearner
+from tuner.study.learn import FIRST_LAUNCH_S, StudyLearner
 from tuner.study.objective import search_score
 from tuner.study.storage import RECORD_ATTR, open_storage, storage_label
 from tuner.workload import PRESETS
@@ -368,7 +368,9 @@ def test_the_study_learns_time_and_memory_from_its_own_trials(workdir: Path) -> 
     # before anything was measured: scale 1 and the generous first-launch cost
     assert float(launched[0]["pred_time_scale"]) == 1.0
     first = runner.specs[0]
-    assert first.timeout_s == pytest.approx(240 + 3 * first.prediction.step_s * 3, rel=1e-6)
+    assert first.timeout_s == pytest.approx(
+        FIRST_LAUNCH_S + 3 * first.prediction.step_s * 3, rel=1e-6
+    )
     # after measured trials: twice as slow, and launches as slow as the slowest seen x 1.5
     last = runner.specs[-1]
     assert float(launched[-1]["pred_time_scale"]) == pytest.approx(2.0)
