@@ -40,8 +40,8 @@ from tuner.study.storage import (
     CONFIRM_ORIGIN,
     RECORD_ATTR,
     WORKER,
-    state_for,
     store_record,
+    told,
 )
 
 MAX_INTERRUPTED = 2
@@ -205,10 +205,7 @@ def confirm(s: Any, req: TuneRequest, beat: Any, trial: optuna.Trial, screened: 
         started_at=started,
         duration_s=time.monotonic() - t0,
     )
-    state = state_for(res.status)
-    value = res.value if state is optuna.trial.TrialState.COMPLETE else None
-    if state is optuna.trial.TrialState.COMPLETE and value is None:
-        state = optuna.trial.TrialState.FAIL
+    value, state = told(res)
     store_record(trial, rec)
     s.study.tell(trial.number, value, state=state)
     beat.stop()

@@ -60,11 +60,11 @@ from tuner.study.storage import (
     record_of,
     reread_overlay,
     running_elsewhere,
-    state_for,
     storage_label,
     store_record,
     stored_record,
     study_lock,
+    told,
 )
 from tuner.study.view import LINE_KEY, check_leaderboard, write_leaderboard
 from tuner.study.warmstart import WARM_START_ATTR, enqueue_warm_start, warm_start_params
@@ -142,11 +142,7 @@ class _Study:
                 else None
             )
         except Exception as e:
-            first = str(e).splitlines()[0][:160]
-            raise UserError(
-                f"cannot open study {req.name} in {self.url} ({first}): "
-                "pass --storage with another path"
-            ) from None
+            raise self._cannot_open(e) from None
         runner = f"|{req.runner.name}"
         fingerprint = f"{space.fingerprint()}{runner}"
         old = existing.user_attrs.get("space") if existing is not None else None
@@ -193,11 +189,7 @@ class _Study:
                 )
             )
         except Exception as e:
-            first = str(e).splitlines()[0][:160]
-            raise UserError(
-                f"cannot open study {req.name} in {self.url} ({first}): "
-                "pass --storage with another path"
-            ) from None
+            raise self._cannot_open(e) from None
         self.overlay = reread_overlay(self.study)
         """Values `tune reread` filled into finished records (`stored_record`)."""
         if old is None or predates:
@@ -260,6 +252,13 @@ class _Study:
                         self.space, req.profile, req.seed, req.runner, headroom_gib=req.headroom_gib
                     )
                 enqueue_warm_start(self.study, params)
+
+    def _cannot_open(self, e: Exception) -> UserError:
+        first = str(e).splitlines()[0][:160]
+        return UserError(
+            f"cannot open study {self.req.name} in {self.url} ({first}): "
+            "pass --storage with another path"
+        )
 
     def abandon(self) -> None:
         """On the way out of an interrupted or failed loop: close this worker's running trial
@@ -529,10 +528,7 @@ def _loop(
             started_at=started,
             duration_s=time.monotonic() - t0,
         )
-        state = state_for(res.status)
-        value = res.value if state is optuna.trial.TrialState.COMPLETE else None
-        if state is optuna.trial.TrialState.COMPLETE and value is None:
-            state = optuna.trial.TrialState.FAIL
+        value, state = told(res)
         try:
             store_record(trial, rec)
             s.study.tell(trial, value, state=state)

@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 
 from tuner.errors import UserError
-from tuner.results import Status, TrialRecord, locked
+from tuner.results import Status, TrialRecord, TrialResult, locked
 from tuner.space import current_params
 
 JOURNAL_SUFFIXES = (".log", ".jsonl", ".journal")
@@ -580,6 +580,16 @@ def state_for(status: Status) -> optuna.trial.TrialState:
     if status in (Status.PRUNED_INVALID, Status.PRUNED_OOM, Status.PRUNED_SLOW):
         return optuna.trial.TrialState.PRUNED
     return optuna.trial.TrialState.FAIL
+
+
+def told(res: TrialResult) -> tuple[float | None, optuna.trial.TrialState]:
+    """What Optuna is told of a trial that gave `res`: its value and state (an ok result
+    without a value is a failure)."""
+    state = state_for(res.status)
+    value = res.value if state is optuna.trial.TrialState.COMPLETE else None
+    if state is optuna.trial.TrialState.COMPLETE and value is None:
+        state = optuna.trial.TrialState.FAIL
+    return value, state
 
 
 NOT_COUNTED = frozenset({Status.PRUNED_INVALID, Status.PRUNED_OOM, Status.INTERRUPTED})
