@@ -159,3 +159,22 @@ def test_workers_writing_the_same_recipe_at_once_all_succeed(tmp_path: Path) -> 
     os.umask(mask)
     assert made.stat().st_mode & 0o777 == 0o777 & ~mask  # a script: executable
     assert [p.name for p in tmp_path.iterdir()] == ["same.sh"]
+
+
+def test_a_drawn_rows_recipe_says_what_ran_its_responses(tmp_path: Path) -> None:
+    """A row whose responses were drawn (response_mode=drawn in its extra) is exported with a
+    comment naming the agent loop and the overrides the trial added on its synthetic data."""
+    import csv
+
+    from tuner.cli import main
+
+    src = Path(__file__).parent.parent / "results" / "tail4k-h100-x2.csv"
+    with open(src, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert all("response_mode=drawn" in r["extra"] for r in rows)
+    out = tmp_path / "recipes"
+    assert main(["export", str(src), "--rank", "1", "--recipes-dir", str(out)]) == 0
+    (recipe,) = out.rglob("*.sh")
+    text = recipe.read_text()
+    assert "tuner/verl_agent_loop.py" in text and "data.shuffle=False" in text
+    assert "agent_loop_config_path=<its folder>/agent_loops.yaml" in text

@@ -96,6 +96,7 @@ def export_recipe(
         settings=settings,
         pinned=pinned_knobs(row.get("source", ""), row.get("extra", "")),
         runner=row.get("source", ""),
+        drawn="response_mode=drawn" in row.get("extra", "").split(";"),
     )
     folder = recipes.model_folder(recipes_dir, model.name)
     study = row.get("study") or csv_path.stem

@@ -93,6 +93,7 @@ def render(
     settings: VerlSettings | None = None,
     pinned: Sequence[tuple[str, Any]] = (),
     runner: str = "",
+    drawn: bool = False,
 ) -> Recipe:
     """A bash script that runs verl's main_ppo with the candidate's overrides.
 
@@ -102,7 +103,9 @@ def render(
     set as the verl runner set them, the script runs the runner's command with the same
     overrides. `pinned`: the knobs the row's runner (`runner`) fixed instead of measuring (see
     tuner.runners.pinned_knobs): a comment block names each with the value the script sets, and
-    says that generation was not measured."""
+    says that generation was not measured. `drawn`: the row's responses were drawn from the
+    workload's length model on the study's synthetic data (its `extra` says
+    response_mode=drawn): a comment says what the trial added to run them."""
     ov = verl_command.overrides(
         c,
         m,
@@ -143,6 +146,14 @@ def render(
         ]
     if origin:
         lines.append(f"# origin: {origin}")
+    if drawn:
+        lines += [
+            "# responses: the row's were drawn from the workload's length model on verl-tuner's "
+            "synthetic data, each capped by tuner/verl_agent_loop.py; to run them on that data, "
+            "add actor_rollout_ref.rollout.agent.agent_loop_config_path=<its folder>/"
+            "agent_loops.yaml actor_rollout_ref.rollout.ignore_eos=True data.shuffle=False and "
+            "put verl-tuner on PYTHONPATH; on your own data the model stops where it stops",
+        ]
     lines += pinned_lines(c, pinned, runner)
     if settings is not None:
         said = [f"bridge {settings.bridge}"]
