@@ -111,7 +111,9 @@ class Candidate:
     rollout_ep: int = 1
     """vLLM expert parallel: 1 (off) or rollout_tp * rollout_dp (verl's rule)."""
     gpu_memory_utilization: float = 0.6
-    """vLLM's share of GPU memory (weights + KV cache) during generation."""
+    """vLLM's share of GPU memory (weights + KV cache) during generation. 0.6 is what verl's
+    Megatron GRPO example sets; verl 0.9.1's own default is 0.5 (trainer/config/rollout/
+    rollout.yaml), which the recipe never relies on: it always sets the value."""
     max_num_batched_tokens: int = 0
     """vLLM's token budget per scheduler step (0 = prompt + response)."""
     max_num_seqs: int = VERL_DEFAULT_MAX_NUM_SEQS
