@@ -314,3 +314,54 @@ def test_show_names_what_each_throughput_covers(capsys: pytest.CaptureFixture[st
     rows = json.loads(capsys.readouterr().out)
     by_source = {r["source"]: r["scope"] for r in rows}
     assert by_source == {"megatron": "train only", "verl": "step"}
+
+
+def test_the_broadest_scope_ranks_first_and_sort_ranks_by_its_column_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fidelity ladder's leaderboard: a screened `gen+train` row faster than verl's whole step
+    of the same candidate. By default the whole step heads the table (step, then gen+train, train
+    only, predicted; published rows as a whole step; ok rows first), the fastest first within a
+    scope; `--sort tokens_per_s_per_gpu` ranks by throughput alone."""
+    row = next(
+        r for r in _raw(DENSE) if r["status"] == "ok" and "origin=reference" not in r["extra"]
+    )
+    row = {**row, "gpu": "h100", "num_gpus": "8", "hardware": ""}
+    gen = row["extra"] + ";generation=measured(vllm)"
+    rows = [
+        {**row, "trial": "1", "source": "megatron", "extra": gen, "tokens_per_s_per_gpu": "900"},
+        {**row, "trial": "2", "source": "verl", "tokens_per_s_per_gpu": "300"},
+        {**row, "trial": "3", "source": "megatron", "tokens_per_s_per_gpu": "1200"},
+        {**row, "trial": "4", "source": "estimate", "tokens_per_s_per_gpu": "2000"},
+        {**row, "trial": "5", "source": "verl", "tokens_per_s_per_gpu": "350"},
+        {**row, "trial": "6", "source": "megatron", "extra": gen, "tokens_per_s_per_gpu": "800"},
+        {**row, "trial": "7", "source": "verl", "status": "failed", "tokens_per_s_per_gpu": "5000"},
+    ]
+    ours = tmp_path / "ours.csv"
+    with ours.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        w.writeheader()
+        w.writerows(rows)
+
+    def shown(*args: str) -> list[tuple[int, str]]:
+        assert main(["show", str(ours), *args, "--format", "json"]) == 0
+        return [(r["trial"], r["scope"]) for r in json.loads(capsys.readouterr().out)]
+
+    assert shown() == [
+        (5, "step"),
+        (2, "step"),
+        (1, "gen+train"),
+        (6, "gen+train"),
+        (3, "train only"),
+        (4, "predicted"),
+        (7, "step"),  # not ok: after the ok rows, as before
+    ]
+    assert [t for t, _ in shown("--sort", "tokens_per_s_per_gpu")] == [4, 3, 1, 6, 5, 2, 7]
+    assert [t for t, _ in shown("--sort", "tokens_per_s_per_gpu", "--asc")] == [2, 5, 6, 1, 3, 4, 7]
+    # a published reference row is a whole step: it ranks among verl's rows by throughput
+    df = rank(load_leaderboard([ours, ANCHORS / "grpo_qwen2.5_7b.csv"]))
+    ok = df[df["status"] == "ok"]
+    whole = ok["scope"].isin(["step", "published"])
+    assert whole.tolist() == sorted(whole.tolist(), reverse=True) and whole.sum() > 2
+    tputs = ok[whole]["tokens_per_s_per_gpu"].dropna().tolist()
+    assert tputs == sorted(tputs, reverse=True)

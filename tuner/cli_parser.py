@@ -363,8 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--top", type=positive_int, default=None, help="only the first N rows")
     show.add_argument(
         "--sort",
-        help="column to sort by (default: tokens_per_s_per_gpu, or step_s where no row has a "
-        "throughput)",
+        help="column to sort by (default: the broadest scope first, step before gen+train "
+        "before train only before predicted, then tokens_per_s_per_gpu, or step_s where no row "
+        "has a throughput)",
     )
     show.add_argument("--asc", action="store_true", help="ascending")
     show.add_argument(

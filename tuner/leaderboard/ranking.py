@@ -10,7 +10,7 @@ import pandas as pd
 from tuner.errors import UserError
 from tuner.leaderboard.columns import column_name
 from tuner.results import HIGHER_IS_BETTER, partial
-from tuner.results.scope import comparable
+from tuner.results.scope import breadth, comparable
 
 _GPU_FILTER = re.compile(r"^([a-z0-9]+?)(?:x(\d+))?$")
 
@@ -107,20 +107,26 @@ def rank(
     ascending: bool | None = None,
     top: int | None = None,
 ) -> pd.DataFrame:
-    """Rows sorted by `sort` (default: the fastest first), rows without the value last, ties
-    by trial; the first `top`. Rows that did not finish their measured steps (`partial`: any
-    status but ok) follow the ok rows, so a partial measure never heads the table."""
+    """Rows sorted by `sort`, rows without the value last, ties by trial; the first `top`.
+    Rows that did not finish their measured steps (`partial`: any status but ok) follow the ok
+    rows, so a partial measure never heads the table. By default (no `sort`) the rows of the
+    broadest scope come first (results.scope.BREADTH: verl's whole step and published rows,
+    then gen+train, train only, predicted), the fastest first within a scope, so a screened
+    partial step never heads a whole step it ran faster than; `sort` ranks by its column alone."""
     col = column_name(sort, df, "--sort") if sort else default_sort(df)
     asc = ascending if ascending is not None else col not in HIGHER_IS_BETTER
     keys, order = [col], [asc]
     if col != "trial" and "trial" in df.columns:
         keys.append("trial")
         order.append(True)
+    if not sort and "scope" in df.columns:
+        df = df.assign(_breadth=df["scope"].fillna("").astype(str).map(breadth))
+        keys, order = ["_breadth", *keys], [True, *order]
     if "status" in df.columns:
         df = df.assign(_partial=df["status"].fillna("").astype(str).map(partial))
         keys, order = ["_partial", *keys], [True, *order]
     out = df.sort_values(keys, ascending=order, na_position="last", kind="stable")
-    out = out.drop(columns="_partial", errors="ignore")
+    out = out.drop(columns=["_partial", "_breadth"], errors="ignore")
     if top is not None:
         if top < 1:
             raise UserError(f"--top must be at least 1, got {top}")

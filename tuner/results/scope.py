@@ -45,6 +45,19 @@ def scope_of(source: str, extra: Mapping[str, Any] | str) -> str:
     return ""
 
 
+BREADTH = (WHOLE_STEP, GEN_TRAIN, TRAIN_ONLY, PREDICTED)
+"""Scopes from the broadest measured to the narrowest, then the prediction: the order `tune show`
+ranks them in by default (tuner.leaderboard.rank); a published row ranks as a whole step."""
+
+
+def breadth(scope: str) -> int:
+    """A scope's place in BREADTH (0 the whole step, also for a published row); rows that
+    measured nothing ('') after every scope."""
+    if scope == PUBLISHED:
+        return 0
+    return BREADTH.index(scope) if scope in BREADTH else len(BREADTH)
+
+
 def comparable(scope: str) -> str:
     """Scopes whose throughputs may be set side by side (a ratio, a reference): the whole step
     however it was had (verl's, published, the cost model's), else only the same scope."""
