@@ -257,3 +257,147 @@ def test_adding_a_knob_is_its_table_entry_and_its_field(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+ROLLOUT_KNOB_FIELD = (
+    "    enable_prefix_caching: bool = True\n"
+    '    """vLLM reuses the KV cache of a shared prompt prefix (verl 0.9.1 default True)."""\n\n'
+)
+ROLLOUT_KNOB_ENTRY = (
+    '    Knob(name="enable_prefix_caching", group="rollout", help="vLLM prefix caching",'
+    ' verl_keys=(f"{ROLLOUT}.enable_prefix_caching",), cost="neutral prior: test",'
+    " choices=lambda s, d: list(BOOLS)),"
+)
+"""A rollout knob verl 0.9.1 declares (rollout.yaml: `enable_prefix_caching: True`), as a real
+addition would spell its Candidate field and its table entry."""
+
+
+def test_a_new_rollout_knob_is_sampled_pinned_written_and_exported(tmp_path: Path) -> None:
+    """Issue 31 item 1: a copy of the package with one more Candidate field and one more entry
+    in KNOBS (a rollout setting of verl's, `enable_prefix_caching`), nothing else, samples it
+    under its name (random and Optuna draws, params_for), takes a pin of it by its name and
+    value (never suggested, named in the recipe's pinned block), writes and reads it as a CSV
+    column of its type, still loads a committed leaderboard of the older header (the knob at
+    its field's default), and exports it as its verl key in the recipe.
+
+    What a real new knob still needs beyond these two edits: its cost-model term in
+    tuner/estimate (the entry's `cost` names it; a `neutral prior` scores every value alike);
+    a runner file only where the runner must do something new with it (the megatron runner
+    pins the rollout knobs it does not run: MEGATRON_PINNED in tuner/runners/megatron.py and
+    ROLLOUT_SEARCHED in tuner/runners/megatron_generation.py are hand lists; the vLLM worker's
+    engine arguments, tuner/runners/vllm_gen/spec.py, are vLLM's own names); and the committed
+    leaderboards under results/ lack its column, so the header and byte-identical write-back
+    tests above need them rewritten once (an older file loads, as this test shows, and is
+    written back with the new column)."""
+    pkg = tmp_path / "tuner"
+    shutil.copytree(TUNER, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    field_at = "    def to_record(self) -> dict[str, Any]:"
+    entry_at = "\n)\nKNOB_BY_NAME"
+    for path, anchor, new in (
+        (pkg / "space" / "candidate.py", field_at, ROLLOUT_KNOB_FIELD + field_at),
+        (pkg / "space" / "knobs.py", entry_at, "\n" + ROLLOUT_KNOB_ENTRY + entry_at),
+    ):
+        src = path.read_text()
+        assert src.count(anchor) == 1, (path, anchor)
+        path.write_text(src.replace(anchor, new))
+    check = textwrap.dedent(
+        """
+        import dataclasses
+        import random
+        from pathlib import Path
+
+        import optuna
+
+        import tuner
+        from tuner import recipes
+        from tuner.hardware import Cluster, get_gpu
+        from tuner.models import get_model
+        from tuner.results import COLUMNS, NUMERIC, Status, TrialRecord, csv_text, read_raw
+        from tuner.space import (
+            SAMPLER_PARAMS, Candidate, FollowSuggester, RandomSuggester, SearchSpace,
+            SpaceLimits, params_for, sample,
+        )
+        from tuner.study.objective import candidate_fields
+        from tuner.workload import get_workload
+
+        assert tuner.__file__.startswith(TMP), tuner.__file__  # the copy, not the repository's
+        NAME, KEY = "enable_prefix_caching", "actor_rollout_ref.rollout.enable_prefix_caching"
+        m, w = get_model("qwen2.5-7b"), get_workload("grpo-short")
+        cl = Cluster(gpu=get_gpu("h100"), num_gpus=2)
+
+        # sampling: drawn under its name, both values, and params_for gives it back
+        assert NAME in SAMPLER_PARAMS
+        space = SearchSpace(model=m, cluster=cl, workload=w)
+        rng = random.Random(0)
+        drawn = [sample(RandomSuggester(rng), space) for _ in range(40)]
+        assert {c.enable_prefix_caching for c in drawn} == {False, True}
+        for c in drawn[:8]:
+            p = params_for(c, space)
+            assert p[NAME] is c.enable_prefix_caching, p
+            again = sample(FollowSuggester(p), space)
+            assert again.enable_prefix_caching is c.enable_prefix_caching
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        trial = study.ask()
+        assert sample(trial, space).enable_prefix_caching is trial.params[NAME]
+
+        # a pin of it, by its name and value: never suggested, every draw has it
+        pins = ((NAME, False),)
+        pinned = SearchSpace(model=m, cluster=cl, workload=w, limits=SpaceLimits(pinned=pins))
+        s = RandomSuggester(rng)
+        assert {sample(s, pinned).enable_prefix_caching for _ in range(20)} == {False}
+        assert NAME not in s.params and NAME not in params_for(drawn[0], pinned)
+        assert f"{NAME}=False" in pinned.limits.summary
+
+        # the recipe: its verl key with the candidate's value; the pin named in its block
+        c = dataclasses.replace(drawn[0], enable_prefix_caching=False)
+        text = recipes.render(c, m, cl, w, pinned=pins, runner="megatron").text
+        assert f"    {KEY}=False \\\\" in text.splitlines(), text
+        assert f"#   {NAME}=False  (pinned, not measured)" in text.splitlines()
+
+        # the CSV: its column after the knobs before it, typed bool, through a file and back
+        assert COLUMNS[COLUMNS.index("enforce_eager") + 1] == NAME and NAME not in NUMERIC
+        row = TrialRecord(study="s", trial=0, status=Status.OK, **candidate_fields(c)).to_row()
+        f = Path(TMP) / "new.csv"
+        f.write_text(csv_text([row]))
+        back = read_raw(f)[0]
+        assert back[NAME] == "False" and TrialRecord.from_row(back).knobs[NAME] is False
+        assert Candidate.from_record(back, 2) == c
+
+        # a committed leaderboard of the older header loads: the knob at its default
+        old = read_raw(Path(VERL))
+        assert NAME not in old[0]
+        for r in old:
+            assert NAME not in TrialRecord.from_row(r).knobs
+            assert Candidate.from_record(r, int(r["num_gpus"])).enable_prefix_caching is True
+        header = csv_text(TrialRecord.from_row(r).to_row() for r in old).splitlines()[0]
+        assert NAME in header.split(",")  # written back once, with the new column
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", f"TMP = {str(tmp_path)!r}\nVERL = {str(VERL)!r}\n" + check],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_new_rollout_knobs_key_is_one_verl_declares() -> None:
+    """The key the test above adds is verl 0.9.1's own (no `+`), at the field's default."""
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    from tuner import verl_command
+
+    config = Path(verl.__file__).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config), version_base=None):
+        base = compose(config_name=verl_command.CONFIG_NAME)
+        assert base.actor_rollout_ref.rollout.enable_prefix_caching is True
+        cfg = compose(
+            config_name=verl_command.CONFIG_NAME,
+            overrides=["actor_rollout_ref.rollout.enable_prefix_caching=False"],
+        )
+    assert cfg.actor_rollout_ref.rollout.enable_prefix_caching is False
+    assert "enable_prefix_caching: bool = True" in ROLLOUT_KNOB_FIELD  # verl's default
