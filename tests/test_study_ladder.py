@@ -242,3 +242,31 @@ def test_a_killed_ladder_study_resumes_without_re_running_confirmations(
     again = [s for n, s in _confirmations(study).items() if "record" in study.trials[n].user_attrs]
     assert len(again) == len(set(again))  # no screened candidate confirmed twice
     assert summary.trials_total == 3 and summary.trials_run == 1
+
+
+def test_the_progress_bars_best_is_a_whole_step_once_there_is_one() -> None:
+    """A screened row (the megatron rung: generation + training, no weight sync) can be faster
+    than every verl row; the progress bar's best is the verl whole step once one exists, and
+    the screen's until then: a partial step is never shown as the best above a whole one."""
+    from tuner.results import Status, TrialRecord
+    from tuner.study.loop import progress_best
+
+    screen = TrialRecord(
+        study="s",
+        trial=0,
+        status=Status.OK,
+        source="megatron",
+        tokens_per_s_per_gpu=5000.0,
+        train_parallel="tp2",
+        extra={"generation": "measured"},
+    )
+    confirm = TrialRecord(
+        study="s",
+        trial=1,
+        status=Status.OK,
+        source="verl",
+        tokens_per_s_per_gpu=3000.0,
+        train_parallel="pp2",
+    )
+    assert progress_best([screen]) == (5000.0, "tp2")
+    assert progress_best([screen, confirm]) == (3000.0, "pp2")

@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,19 @@ enough to hold its best and the runners-up, few enough to enqueue in seconds; a 
 trials samples the rest. Enqueuing one per trial made `--trials 5000` write thousands of
 waiting trials before the first row (tests/test_study_faults.py, test_storage_journal_tail.py
 found it)."""
+
+
+def progress_best(records: Iterable[TrialRecord]) -> tuple[float, str] | None:
+    """The progress bar's best throughput and its layout: of the whole-step rows once there is
+    one (a ladder study's verl confirmations), else of every ok row, so a screened partial step
+    never shows as the best above a confirmed whole one."""
+    ok = [r for r in records if r.status is Status.OK and r.tokens_per_s_per_gpu]
+    whole = [r for r in ok if scope_of(r.source, r.extra) == WHOLE_STEP]
+    ok = whole or ok
+    if not ok:
+        return None
+    b = max(ok, key=lambda r: r.tokens_per_s_per_gpu or 0.0)
+    return float(b.tokens_per_s_per_gpu or 0.0), b.train_parallel
 
 
 class _Study:
@@ -388,11 +401,7 @@ class _Study:
         )
 
     def best(self) -> tuple[float, str] | None:
-        ok = [r for r in self.records.values() if r.status is Status.OK and r.tokens_per_s_per_gpu]
-        if not ok:
-            return None
-        b = max(ok, key=lambda r: r.tokens_per_s_per_gpu or 0.0)
-        return float(b.tokens_per_s_per_gpu or 0.0), b.train_parallel
+        return progress_best(self.records.values())
 
     def repeat_of(self, params: dict[str, Any], number: int) -> TrialRecord | None:
         """The earliest finished trial with the same sampler params, if it measured anything."""
