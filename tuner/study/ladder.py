@@ -16,7 +16,6 @@ one interrupted mid-launch is run again (storage._rerun_due does not enqueue it 
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -34,14 +33,12 @@ from tuner.study.learn import (
     measured_phases,
     scaled_estimate,
 )
-from tuner.study.objective import Proposal, build_record, propose, trial_spec
+from tuner.study.objective import Proposal, build_record, now, propose, trial_spec
 from tuner.study.request import TuneRequest
 from tuner.study.storage import (
     CONFIRM_ORIGIN,
     RECORD_ATTR,
     WORKER,
-    store_record,
-    told,
 )
 
 MAX_INTERRUPTED = 2
@@ -182,7 +179,7 @@ def confirm(s: Any, req: TuneRequest, beat: Any, trial: optuna.Trial, screened: 
     ladder = ladder_of(req)
     assert ladder is not None
     beat.start(trial)
-    started, t0 = dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), time.monotonic()
+    started, t0 = now(), time.monotonic()
     c = sample(optuna.trial.FixedTrial(current_params(trial.params)), s.space)
     prop = confirm_proposal(replace(req, runner=ladder.confirm), c, s.learner)
     spec = trial_spec(req, trial.number, prop)
@@ -205,9 +202,7 @@ def confirm(s: Any, req: TuneRequest, beat: Any, trial: optuna.Trial, screened: 
         started_at=started,
         duration_s=time.monotonic() - t0,
     )
-    value, state = told(res)
-    store_record(trial, rec)
-    s.study.tell(trial.number, value, state=state)
+    rec = s.finish(trial, rec, res)
     beat.stop()
     return rec
 

@@ -20,7 +20,7 @@ import optuna
 
 from tuner import recipes
 from tuner.errors import UserError
-from tuner.results import Status, TrialRecord, number, rank, row_of
+from tuner.results import Status, TrialRecord, TrialResult, number, rank, row_of
 from tuner.results.scope import WHOLE_STEP, scope_of
 from tuner.runners import pinned_knobs
 from tuner.space import Candidate, SearchSpace, current_fingerprint, current_params, sample
@@ -297,6 +297,20 @@ class _Study:
         """Whether trial `number` is RUNNING in the storage now (not closed by another)."""
         return self.stored(number).state is optuna.trial.TrialState.RUNNING
 
+    def finish(self, trial: optuna.Trial, rec: TrialRecord, res: TrialResult) -> TrialRecord:
+        """Store the trial's record and tell Optuna its result; a trial another worker closed
+        meanwhile (its heartbeat lapsed) stays as that worker closed it (`keep_closed`).
+        Returns the record that stands."""
+        value, state = told(res)
+        try:
+            store_record(trial, rec)
+            self.study.tell(trial, value, state=state)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            if self.running(trial.number):
+                raise  # not closed by another worker: a real error
+            rec = self.keep_closed(trial, rec, state, value)
+        return rec
+
     def keep_closed(
         self,
         trial: optuna.Trial,
@@ -537,14 +551,7 @@ def _loop(
             started_at=started,
             duration_s=time.monotonic() - t0,
         )
-        value, state = told(res)
-        try:
-            store_record(trial, rec)
-            s.study.tell(trial, value, state=state)
-        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
-            if s.running(trial.number):
-                raise  # not closed by another worker: a real error
-            rec = s.keep_closed(trial, rec, state, value)
+        rec = s.finish(trial, rec, res)
         beat.stop()
         retry = hand_retry_params(dict(trial.params), rec)
         if retry is not None:  # the hand rule: a lower utilization after an OOM in generation
