@@ -304,8 +304,7 @@ class VerlRunner(Runner):
         }
         if data.agent_loops is not None:  # verl's agent-loop workers import tuner.verl_agent_loop
             env["PYTHONPATH"] = _with_tuner_on_path(env.get("PYTHONPATH"))
-        if self.launcher.name == "local":
-            env.update(compile_cache_env(env, trial_dir.parent.parent / VLLM_CACHE_DIR))
+        env.update(self.compile_cache(trial_dir))
         (trial_dir / COMMAND_NAME).write_text(
             "#!/usr/bin/env bash\n# the verl command of this trial, as the tuner ran it\n"
             + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
@@ -329,6 +328,17 @@ class VerlRunner(Runner):
         ):
             res = self.launcher.launch(job)
         return self.result(spec, data, res, self.metrics_file(spec))
+
+    def compile_cache(self, trial_dir: Path) -> dict[str, str]:
+        """The trial's vLLM compile-cache environment: the study's own cache on the local
+        launcher (compile_cache_env), unless the user's `--verl-env` decides; {} elsewhere. The
+        row's `extra` says `vllm_compile_cache=study` where it applied, `verl` where verl's
+        setting (or the user's) held."""
+        if self.launcher.name != "local":
+            return {}
+        return compile_cache_env(
+            self.settings.environment(), trial_dir.parent.parent / VLLM_CACHE_DIR
+        )
 
     def metrics_file(self, spec: TrialSpec) -> Path:
         """Where verl's file logger writes the trial's step metrics."""
@@ -362,10 +372,11 @@ class VerlRunner(Runner):
         steps, source = _read_steps(metrics_file, res.log_path, log)
         got = measures(steps, self.steps)
         w = spec.workload
+        cached = self.compile_cache(spec.trial_dir.resolve())
         extra: dict[str, Any] = {
             "launcher": self.launcher.name,
             "response_mode": response_mode(w, data),
-            "vllm_compile_cache": _compile_cache_of(spec.trial_dir.resolve() / COMMAND_NAME),
+            "vllm_compile_cache": "study" if cached else "verl",
             **data.describe(),
         }
         if spec.candidate.rollout_gpus:  # the row says what algorithm ran
@@ -388,10 +399,12 @@ class VerlRunner(Runner):
         if got is not None:
             extra.update(got.extra, metrics=source, step=got.step)
             common.update(split_wall_time(steps, self.steps, res.duration_s, extra))
-            step_times = {s: d["timing_s/step"] for s, d in steps.items() if "timing_s/step" in d}
             extra.update(
                 timeline(
-                    res.log_path, spec.trial_dir.resolve() / CLOCK_NAME, step_times, res.duration_s
+                    res.log_path,
+                    spec.trial_dir.resolve() / CLOCK_NAME,
+                    step_times(steps),
+                    res.duration_s,
                 )
             )
             reason = ""
@@ -512,16 +525,6 @@ def workload_mismatch(w: Any, data: Dataset, measured: dict[str, Any]) -> str:
     return ""
 
 
-def _compile_cache_of(command_sh: Path) -> str:
-    """`study` where the trial kept vLLM's compile cache in the study's folder, `verl` where
-    verl's default (no cache) held, from the trial's command.sh."""
-    try:
-        text = command_sh.read_text()
-    except OSError:
-        return ""
-    return "study" if "export VLLM_DISABLE_COMPILE_CACHE=0" in text else "verl"
-
-
 def _with_tuner_on_path(pythonpath: str | None) -> str:
     """PYTHONPATH with the folder holding this tuner package first."""
     import os
@@ -585,13 +588,18 @@ def read_device_peak(path: Path) -> float | None:
     return round(peak / 1024, 3) if peak >= 0 else None
 
 
+def step_times(steps: dict[int, dict[str, float]]) -> dict[int, float]:
+    """Step -> verl's `timing_s/step` of it, for the steps that logged one."""
+    return {s: d["timing_s/step"] for s, d in steps.items() if "timing_s/step" in d}
+
+
 def split_wall_time(
     steps: dict[int, dict[str, float]], measured_step: int, duration_s: float, extra: dict
 ) -> dict[str, float]:
     """The trial's wall time in start-up (launch to the first step: Ray, the vLLM server,
     Megatron, weights; teardown included), warm-up steps and the measured step, from verl's
     `timing_s/step` of each step. `launch_s` and `measured_s` fields; warm-up into `extra`."""
-    times = {s: d["timing_s/step"] for s, d in steps.items() if "timing_s/step" in d}
+    times = step_times(steps)
     if measured_step not in times:
         return {}
     warmup = sum(t for s, t in times.items() if s < measured_step)
