@@ -19,11 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tuner.results import parse_extra  # noqa: E402
 from tuner.runners.verl_timeline import CLOCK_NAME, MILESTONES, timeline  # noqa: E402
-
-
-def _extra(row: dict[str, str]) -> dict[str, str]:
-    return dict(p.split("=", 1) for p in row.get("extra", "").split(";") if "=" in p)
 
 
 def report(results: Path, study: str) -> str:
@@ -42,7 +39,7 @@ def report(results: Path, study: str) -> str:
                 plain = Path(tmp) / "verl.log"
                 plain.write_bytes(gzip.decompress(log.with_suffix(".log.gz").read_bytes()))
                 log = plain
-            ex = _extra(row)
+            ex = parse_extra(row.get("extra", ""))
             step = float(row["measured_s"] or 0)
             warm = float(ex.get("warmup_s", 0))
             launch = float(row["launch_s"] or 0) + warm + step

@@ -96,7 +96,7 @@ def export_recipe(
         settings=settings,
         pinned=pinned_knobs(row.get("source", ""), row.get("extra", "")),
         runner=row.get("source", ""),
-        drawn="response_mode=drawn" in row.get("extra", "").split(";"),
+        drawn=recipes.drawn_responses(row.get("extra", "")),
     )
     folder = recipes.model_folder(recipes_dir, model.name)
     study = row.get("study") or csv_path.stem

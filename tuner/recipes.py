@@ -14,6 +14,7 @@ from tuner.errors import UserError
 from tuner.fileio import write_atomic
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
+from tuner.results.record import parse_extra
 from tuner.space import Candidate
 from tuner.space.placement import placement_label
 from tuner.verl_settings import VerlSettings
@@ -80,6 +81,12 @@ REWARD_FN_DEFAULT = (
 )
 """REWARD_FN, unless set: the tuner's synthetic reward.py beside TRAIN_FILE if there is one,
 else null (verl's built-in scorer for each row's data_source). The verl runner does the same."""
+
+
+def drawn_responses(extra: str) -> bool:
+    """Whether a row's responses were drawn from the workload's length model (its `extra` cell
+    says response_mode=drawn: the verl runner on its synthetic data)."""
+    return parse_extra(extra).get("response_mode") == "drawn"
 
 
 def render(

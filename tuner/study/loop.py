@@ -671,7 +671,7 @@ def write_best_recipes(req: TuneRequest, s: _Study) -> list[Path]:
             settings=VerlSettings.from_record(row),
             pinned=pinned_knobs(row["source"], row.get("extra", "")),
             runner=row["source"],
-            drawn="response_mode=drawn" in row.get("extra", "").split(";"),
+            drawn=recipes.drawn_responses(row.get("extra", "")),
         )
         path = recipes.write(
             recipe,
