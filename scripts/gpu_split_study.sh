@@ -110,15 +110,8 @@ else:
 EOF
     ;;
   pack)
-    out=${3:?give an output folder}
-    mkdir -p "$out"
-    tmp=$(mktemp -d)
-    cp -r "$res"/. "$tmp"/
-    find "$tmp" -name '*.log' -exec gzip -f {} \;
-    find "$tmp" -name '*.parquet' -delete
-    tar czf "$out/$study.tgz" -C "$tmp" . && rm -rf "$tmp"
-    cp "$res/$study.csv" "$out/" 2>/dev/null
-    echo "gpu_split_study: packed $(du -h "$out/$study.tgz" | cut -f1) into $out"
+    # gpu_verl_study.sh's pack: logs gzipped, the CSV, the storage as <study>.sqlite3
+    STUDY=$study bash "$repo/scripts/gpu_verl_study.sh" pack "$res" "${3:?give an output folder}"
     ;;
   *) echo "gpu_split_study: start, status, compare or pack, not $cmd" >&2; exit 2 ;;
 esac
