@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import importlib.util
+import os
 import re
 import shlex
 import shutil
@@ -67,6 +68,7 @@ from tuner.runners.verl_timeline import CLOCK_NAME, LogClock, timeline
 from tuner.space import SpaceLimits
 from tuner.space.placement import OFF_POLICY, placement_label
 from tuner.verl_settings import VerlSettings, bare_key
+from tuner.workload import Workload
 
 LOG_NAME = "verl.log"
 COMMAND_NAME = "command.sh"
@@ -479,7 +481,7 @@ WORKLOAD_TOLERANCE = 0.05
 """How far verl's measured prompt or response mean may be off what the trial asked for."""
 
 
-def response_mode(w: Any, data: Dataset) -> str:
+def response_mode(w: Workload, data: Dataset) -> str:
     """`fixed` (every response the cap), `drawn` (each its length from the workload's model)
     or `natural` (the model stops where it stops: the user's data)."""
     if verl_command.fixed_response_length(w):
@@ -500,7 +502,7 @@ def data_overrides(data: Dataset) -> dict[str, Any]:
     }
 
 
-def workload_mismatch(w: Any, data: Dataset, measured: dict[str, Any]) -> str:
+def workload_mismatch(w: Workload, data: Dataset, measured: dict[str, Any]) -> str:
     """Why a measured row is not the declared workload ('' where it is): verl's
     `prompt_length/mean` against the synthetic prompts' length, its `response_length/mean`
     against the fixed length or the mean of the drawn ones, each within WORKLOAD_TOLERANCE."""
@@ -527,8 +529,6 @@ def workload_mismatch(w: Any, data: Dataset, measured: dict[str, Any]) -> str:
 
 def _with_tuner_on_path(pythonpath: str | None) -> str:
     """PYTHONPATH with the folder holding this tuner package first."""
-    import os
-
     import tuner
 
     root = str(Path(tuner.__file__).resolve().parent.parent)

@@ -251,15 +251,16 @@ class _Study:
                     )
                 if req.warm_start and req.runner.name == "estimate":
                     # the cost model is the objective: the trials are its search's best
+                    queued = min(req.trials, ESTIMATE_QUEUE_MAX)
                     params += warm_start_params(
                         self.space,
                         req.profile,
                         req.seed,
                         req.runner,
-                        best=min(req.trials, ESTIMATE_QUEUE_MAX),
+                        best=queued,
                         headroom_gib=req.headroom_gib,
                         search=search_score(req, self.learner),
-                    )[: max(1, min(req.trials, ESTIMATE_QUEUE_MAX) - len(params))]
+                    )[: max(1, queued - len(params))]
                 elif req.warm_start:
                     params += warm_start_params(
                         self.space, req.profile, req.seed, req.runner, headroom_gib=req.headroom_gib
