@@ -403,3 +403,17 @@ def test_a_study_killed_while_it_rewrote_its_csv_leaves_no_temporary_file(
     assert done.returncode == 0, done.stderr[-2000:]
     assert not list(Path("results").glob(".*.tmp"))
     assert read_raw(Path("results") / "qwen2.5-7b-h100x8-estimate.csv")
+
+
+def test_a_trial_told_between_two_reads_is_still_counted_as_running() -> None:
+    """The budget check counts finished trials and running ones from one read of the study:
+    a trial another worker tells in between is then one or the other. With a second read for
+    the running ones, three workers on PostgreSQL ran 13 trials of --trials 12 (CI)."""
+    study = optuna.create_study()
+    trial = study.ask()
+    trial.set_user_attr("worker", storage.WORKER)  # this process: alive
+    snapshot = study.get_trials(deepcopy=False)
+    study.tell(trial, 1.0)  # another worker's tell, after the finished ones were counted
+    finished = [t for t in snapshot if t.state.is_finished()]
+    running = storage.running_elsewhere(snapshot, True)
+    assert len(finished) + len(running) == 1

@@ -532,7 +532,7 @@ def _loop(
                 reclaim_at = time.monotonic() + HEARTBEAT_S
             ts = s.trials()
             done = s.counted(ts)
-            if done + len(running_elsewhere(s.study, locked_)) >= req.trials:
+            if done + len(running_elsewhere(ts, locked_)) >= req.trials:
                 break
             trial = s.study.ask()
             trial.set_user_attr("worker", WORKER)

@@ -12,7 +12,7 @@ import socket
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -615,10 +615,17 @@ def alive(worker: str) -> bool:
     return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
-def running_elsewhere(study: optuna.Study, locked_: bool) -> list[optuna.trial.FrozenTrial]:
-    """RUNNING trials whose worker is alive (this host) or on another host."""
+def running_elsewhere(
+    trials: Iterable[optuna.trial.FrozenTrial], locked_: bool
+) -> list[optuna.trial.FrozenTrial]:
+    """Of `trials`, the RUNNING ones whose worker is alive (this host) or on another host.
+    Pass the same read of the study as the finished trials are counted from: a trial another
+    worker told between two reads is then either counted or running, not neither (the study
+    went past --trials when a second read here missed a trial the first saw running)."""
     out = []
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+    for t in trials:
+        if t.state is not optuna.trial.TrialState.RUNNING:
+            continue
         worker = str(t.user_attrs.get("worker", ""))
         if worker and alive(worker):
             out.append(t)
