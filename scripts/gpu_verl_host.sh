@@ -56,6 +56,10 @@ case $cmd in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target "$SITE" /tmp/gpu-kit/wheels/*.whl "$kit"/extra/*.whl
     patch_mbridge "$SITE"
+    # bytecode now, as a normal pip install does (--no-compile above keeps pip's own pass off):
+    # else each trial process of the first launch compiles the modules it imports (verl, vLLM,
+    # megatron, transformer-engine, ray) and that launch's start-up counts it
+    python3 -m compileall -q -j 0 "$SITE" > /dev/null 2>&1 || true
     cat > "$SITE/env.sh" <<EOF
 export PYTHONPATH=$SITE:$repo\${PYTHONPATH:+:\$PYTHONPATH}
 export PATH=$SITE/bin:\$PATH

@@ -18,7 +18,8 @@
 # RESUME_FROM=<an earlier RESULTS folder or pack>: the study goes on from its storage; RESULTS must
 # then be the folder the study began in (its CSV names its storage there): /tmp/vt-res4 for the
 # committed results/verl4k-h100-x1 (copy its .sqlite3 as studies.sqlite3 beside the CSV).
-# EXTRA="--verl-env KEY=VALUE ...": more tune options (word-split), recorded in the rows they set.
+# EXTRA="--verl-env KEY=VALUE ...": more tune options (word-split), recorded in the rows they set;
+# EXTRA=--shared-ray: one Ray head for the study (rows say ray_cluster=study in extra).
 set -u
 cmd=${1:?give start, status or pack}
 res=${2:?give a results folder}

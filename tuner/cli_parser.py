@@ -179,6 +179,13 @@ def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
         "where flashinfer is absent)",
     )
     _add_run_option(g, "--ray-address", help="the dashboard, http://<head>:8265")
+    _add_run_option(
+        g,
+        "--shared-ray",
+        action="store_true",
+        help="one Ray cluster on this node for the whole study, which every trial's verl "
+        "joins, instead of a Ray start per trial; stopped when the study ends",
+    )
     _add_run_option(g, "--slurm-partition", help="#SBATCH --partition")
     _add_run_option(g, "--slurm-account", help="#SBATCH --account")
     _add_run_option(

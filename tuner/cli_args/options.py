@@ -98,6 +98,7 @@ RUN_OPTIONS: dict[str, RunOption] = {
         RunOption(flag="--verl-override", runners=VERL, default=()),
         RunOption(flag="--verl-env", runners=VERL, default=()),
         RunOption(flag="--ray-address", runners=VERL, launcher="ray"),
+        RunOption(flag="--shared-ray", runners=VERL, launcher="local", default=False),
         RunOption(flag="--slurm-partition", runners=VERL, launcher="slurm"),
         RunOption(flag="--slurm-account", runners=VERL, launcher="slurm"),
         RunOption(flag="--slurm-arg", runners=VERL, launcher="slurm", default=()),

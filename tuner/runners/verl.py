@@ -115,6 +115,7 @@ class VerlRunner(Runner):
         model_path: str | None = None,
         launcher: str | Launcher = "local",
         ray_address: str | None = None,
+        shared_ray: bool = False,
         train_file: str | Path | None = None,
         reward_fn: str | Path | None = None,
         slurm_partition: str | None = None,
@@ -137,6 +138,8 @@ class VerlRunner(Runner):
         self.launcher = self._make_launcher(
             launcher,
             ray_address=ray_address,
+            shared_ray=shared_ray,
+            python=python,
             launch=launch,
             slurm=dict(
                 partition=slurm_partition,
@@ -168,6 +171,10 @@ class VerlRunner(Runner):
         self.run_preflight = entrypoint is None if preflight is None else preflight
         """The preflight runs where the trials run verl's own main_ppo (tests pass a stand-in)."""
         self._preflight: Preflight | None = None
+
+    def close(self) -> None:
+        """The study's end (study.loop closes its runner): the launcher's shared Ray head."""
+        self.launcher.close()
 
     def _check_override_keys(self) -> None:
         """A `--verl-override` of a key the tuner sets would make the row lie: refused."""
@@ -221,13 +228,15 @@ class VerlRunner(Runner):
         launcher: str | Launcher,
         *,
         ray_address: str | None,
+        shared_ray: bool,
+        python: str | None,
         launch: Launch | None,
         slurm: dict[str, Any],
     ) -> Launcher:
         if isinstance(launcher, Launcher):
             return launcher
         if launcher == "local":
-            return LocalLauncher(launch or run_process)
+            return LocalLauncher(launch or run_process, shared_ray=shared_ray, python=python)
         if launcher == "ray":
             if not ray_address:
                 raise UserError(
@@ -381,6 +390,8 @@ class VerlRunner(Runner):
             "vllm_compile_cache": "study" if cached else "verl",
             **data.describe(),
         }
+        if getattr(self.launcher, "shared_ray", False):  # start-up compared by scripts/launch_cost
+            extra["ray_cluster"] = "study"
         if spec.candidate.rollout_gpus:  # the row says what algorithm ran
             extra["placement"] = placement_label(spec.candidate.rollout_gpus, spec.cluster.num_gpus)
             extra["off_policy"] = OFF_POLICY

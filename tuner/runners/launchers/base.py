@@ -82,3 +82,8 @@ class Launcher(abc.ABC):
 
     def more_gpus_hint(self) -> str:
         return "lower --gpus or run where there are more"
+
+    def close(self) -> None:
+        """End what the launcher keeps between jobs (the local launcher's shared Ray head);
+        the runner calls it when the study ends). Nothing by default."""
+        return None

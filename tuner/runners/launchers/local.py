@@ -1,13 +1,17 @@
-"""Run the job as a subprocess on this node (verl starts a Ray instance of its own)."""
+"""Run the job as a subprocess on this node: verl starts a Ray instance of its own, or joins the
+study's (`shared_ray`: launchers.ray_head)."""
 
 from __future__ import annotations
 
 import shlex
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 from tuner.errors import UserError
 from tuner.runners.launchers.base import Job, Launcher, LaunchResult
+from tuner.runners.launchers.ray_head import RayHead
 from tuner.runners.process import Launch, run_process
 
 LOCAL_RAY_ENV = {"RAY_ADDRESS": "local"}
@@ -33,8 +37,25 @@ def count_local_gpus() -> int:
 class LocalLauncher(Launcher):
     name = "local"
 
-    def __init__(self, launch: Launch = run_process) -> None:
+    def __init__(
+        self,
+        launch: Launch = run_process,
+        *,
+        shared_ray: bool = False,
+        python: str | None = None,
+        log_dir: Path | None = None,
+    ) -> None:
         self._launch = launch
+        self.shared_ray = shared_ray
+        """One Ray head for all the jobs (`RayHead`), which each job's driver joins."""
+        self._head = RayHead(python or sys.executable, log_dir=log_dir) if shared_ray else None
+
+    def ray_env(self, job: Job) -> dict[str, str]:
+        """How the job's driver finds Ray: the study's head where it is shared (started with the
+        job's environment; its address and token), else `local` (LOCAL_RAY_ENV)."""
+        if self._head is None:
+            return dict(LOCAL_RAY_ENV)
+        return self._head.driver_env(job.env)
 
     def launch(self, job: Job) -> LaunchResult:
         if job.nnodes > 1:
@@ -46,7 +67,7 @@ class LocalLauncher(Launcher):
             cmd,
             log_path=job.log_path,
             timeout_s=job.timeout_s,
-            env={**LOCAL_RAY_ENV, **job.env},
+            env={**self.ray_env(job), **job.env},
             cwd=job.workdir,
         )
         return LaunchResult(
@@ -59,6 +80,10 @@ class LocalLauncher(Launcher):
 
     def gpus_visible(self) -> int | None:
         return count_local_gpus()
+
+    def close(self) -> None:
+        if self._head is not None:
+            self._head.stop()
 
     def check(self, gpus: int, nnodes: int) -> None:
         if nnodes > 1:
