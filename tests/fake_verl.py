@@ -12,6 +12,9 @@ verl's tracking.py is loaded from the installed verl by path: importing the `ver
   config print a recorded Hydra override error and exit 1 (before any step)
   prompt1 as ok, but every prompt is measured as 1 token (a tokenizer that lost its words)
 
+The job runtime env (`+ray_kwargs.ray_init.runtime_env.env_vars.K=V`, what `--shared-ray` passes)
+is applied to its own environment, as verl's Ray workers, where the logger runs, would see it.
+
 The lengths it reports are the data's: `meta.json` beside `data.train_files` (the synthetic
 prompts' length) and, as verl runs them, each response the `data.max_response_length` cap where
 `rollout.ignore_eos` holds, cut at its row's drawn length (`response_caps`) where the agent
@@ -110,6 +113,10 @@ def main(argv: list[str]) -> int:
     ov = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("--"))
     ov = {k: v[1:-1] if v[:1] == v[-1:] == "'" else v for k, v in ov.items()}  # Hydra quoting
     mode = ov.get("actor_rollout_ref.model.path", "fake/ok").removeprefix("fake/")
+    runtime_env = "+ray_kwargs.ray_init.runtime_env.env_vars."
+    for k, v in ov.items():  # what verl's Ray workers (its trainer's logger) would see
+        if k.startswith(runtime_env):
+            os.environ[k.removeprefix(runtime_env)] = v.replace("\\'", "'")
     if mode == "config":
         sys.stdout.write((DATA / "config_unknown_key.log").read_text())
         return 1

@@ -433,3 +433,17 @@ def test_the_bridge_reaches_every_megatron_model(
     assert cfg.actor_rollout_ref.actor.megatron.vanilla_mbridge is True
     assert cfg.actor_rollout_ref.ref.megatron.vanilla_mbridge is True
     assert cfg.critic.megatron.vanilla_mbridge is (algorithm == "ppo")
+
+
+def test_a_trial_s_environment_reaches_verl_s_job_runtime_env(
+    compose: Callable[[list[str]], Any],
+) -> None:
+    """--shared-ray passes the trial's environment as verl's job runtime env: composed by verl's
+    own config, every value a string as Ray takes them (`0` stays '0'), quotes and colons kept."""
+    from omegaconf import OmegaConf
+
+    env = {"VLLM_DISABLE_COMPILE_CACHE": "0", "PYTHONPATH": "/a:/b c", "Q": "it's"}
+    cfg = compose(verl_command.runtime_env_args(env))
+    got = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env, resolve=True)
+    assert got["env_vars"] == env
+    assert got["py_executable"] is None  # verl's own key is kept

@@ -280,6 +280,21 @@ def format_value(v: Any) -> str:
     return s
 
 
+RUNTIME_ENV_VARS = "+ray_kwargs.ray_init.runtime_env.env_vars"
+"""Where verl 0.9.1's ray.init() takes environment for every worker of the job: main_ppo.run_ppo
+merges `ray_kwargs.ray_init.runtime_env` over its own PPO runtime env (trainer/main_ppo.py; the
+schema declares only `runtime_env.py_executable`, hence the `+`)."""
+
+
+def runtime_env_args(env: dict[str, str]) -> list[str]:
+    """`env` as overrides of verl's job runtime env, each value a quoted string (Ray takes
+    strings only; Hydra would read `0` as an int)."""
+    return [
+        f"{RUNTIME_ENV_VARS}.{k}='" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        for k, v in env.items()
+    ]
+
+
 def override_args(ov: dict[str, Any]) -> list[str]:
     return [f"{k}={format_value(v)}" for k, v in ov.items()]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import stat
 import sys
 from dataclasses import replace
@@ -351,3 +352,28 @@ def test_a_split_trial_runs_one_step_off_and_its_row_says_so(tmp_path: Path) -> 
         replace(spec, candidate=spec_for(tmp_path).candidate), user_dataset(tmp_path / "t.parquet")
     )
     assert colocated[:4] == ["python3", *verl_command.ENTRYPOINT[1:]]
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
+def test_shared_ray_runs_two_trials_on_one_head(tmp_path: Path) -> None:
+    """--shared-ray: a real Ray head for the study; each trial's environment travels as verl's
+    job runtime env (the fake applies it as verl's workers would: its logger finds the trial's
+    metrics folder there, not in the driver's environment), so the head, started with the
+    study's environment, serves both trials."""
+    r = runner("ok", shared_ray=True)
+    try:
+        rows = [r.run(spec_for(tmp_path, number=n)) for n in (0, 1)]
+        head = r.launcher._head  # type: ignore[attr-defined]
+        assert head is not None and head.starts == 1
+    finally:
+        r.close()
+    assert not head.running
+    for n, res in enumerate(rows):
+        assert res.status is Status.OK, res.reason
+        assert res.tokens_per_s_per_gpu == 1030.0 and res.extra["ray_cluster"] == "study"
+        trial = spec_for(tmp_path, number=n).trial_dir.resolve()
+        command = (trial / "command.sh").read_text()
+        arg = f"{verl_command.RUNTIME_ENV_VARS}.{verl_command.METRICS_ROOT_ENV}='{trial}'"
+        assert shlex.quote(arg) in command
+    assert "ray_cluster" not in runner("ok").run(spec_for(tmp_path, number=2)).extra

@@ -316,6 +316,13 @@ class VerlRunner(Runner):
         if data.agent_loops is not None:  # verl's agent-loop workers import tuner.verl_agent_loop
             env["PYTHONPATH"] = _with_tuner_on_path(env.get("PYTHONPATH"))
         env.update(self.compile_cache(trial_dir))
+        job_env = env
+        if getattr(self.launcher, "shared_ray", False):
+            # workers of a joined cluster take the head's environment: the trial's reaches them
+            # through verl's job runtime env, and the head's own stays the study's (the trial's
+            # metrics folder, the one key that differs per trial, is left out of it)
+            cmd = [*cmd, *verl_command.runtime_env_args(env)]
+            job_env = {k: v for k, v in env.items() if k not in PER_TRIAL_ENV}
         (trial_dir / COMMAND_NAME).write_text(
             "#!/usr/bin/env bash\n# the verl command of this trial, as the tuner ran it\n"
             + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
@@ -325,7 +332,7 @@ class VerlRunner(Runner):
         job = Job(
             name=f"verl-tuner-t{spec.number}",
             cmd=cmd,
-            env=env,
+            env=job_env,
             log_path=trial_dir / LOG_NAME,
             timeout_s=spec.timeout_s,
             nnodes=spec.cluster.num_nodes,
@@ -473,6 +480,12 @@ class VerlRunner(Runner):
 
 VLLM_CACHE_DIR = "vllm-cache"
 """The study's vLLM cache (torch.compile artefacts), beside its trials: `results/<study>/`."""
+
+
+PER_TRIAL_ENV = (verl_command.METRICS_ROOT_ENV,)
+"""The trial environment's keys that differ from trial to trial: under `--shared-ray` they reach
+verl's workers through its job runtime env only, so the study's Ray head is not started again
+for each trial (launchers.ray_head)."""
 
 
 def compile_cache_env(env: dict[str, str], folder: Path) -> dict[str, str]:

@@ -12,8 +12,10 @@ cluster RAY_ADDRESS names.
 The environment: a worker of a joined cluster inherits the head's environment, not the driver's
 (verl forwards only its own PPO_RAY_RUNTIME_ENV keys, and drops those the driver's environment
 already sets: trainer/constants_ppo.py, get_ppo_ray_runtime_env). So the head starts with the
-trial's environment, and a trial whose environment differs (a `--verl-env` is the same for all;
-the preflight's and the compile cache's are the study's) gets a new head. The trials of a study
+job's environment, and a job whose environment differs gets a new head; the verl runner keeps
+the jobs' environment the study's (`--verl-env`, the preflight's, the compile cache's) and
+passes each trial's whole environment as verl's job runtime env as well (runners.verl,
+PER_TRIAL_ENV), which reaches every worker of the job. The trials of a study
 run one at a time; a trial killed on its timeout leaves no actor behind (verl's actors are not
 detached: single_controller/ray/base.py, RayResourcePool(detached=False)), Ray ends them when
 their driver goes."""
