@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import html
+import json
 import re
 import shutil
 import subprocess
@@ -27,6 +28,8 @@ from tuner.space import (
     KNOB_GROUP_OF,
     KNOBS,
     LAYOUT_DEGREES,
+    UNDECLARED,
+    Knob,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,10 +53,11 @@ ALLOWED: dict[tuple[str, tuple[str, ...]], str] = {
     ),
     ("tuner/runners/megatron_refusals.py", ("moe_token_dispatcher_type",
                                             "recompute_num_layers")): "rule names, as above",
-    ("tuner/runners/megatron_generation.py", ("enforce_eager", "gpu_memory_utilization",
-                                              "max_num_batched_tokens", "max_num_seqs",
-                                              "rollout_tp")): (
-        "the runner's own pins that measured generation frees (a fact of that runner)"
+    ("tuner/runners/megatron.py", ("apply_rope_fusion", "attention_backend",
+                                   "bias_activation_fusion", "gradient_accumulation_fusion",
+                                   "moe_grouped_gemm", "moe_permute_fusion",
+                                   "moe_token_dispatcher_type")): (
+        "the order of the kernel pins stored study fingerprints spell (values: the table's)"
     ),
     ("tuner/runners/megatron_generation.py", ("rollout_dp", "rollout_ep", "rollout_tp")): (
         "rule names of space.RULES the generation runner checks"
@@ -187,17 +191,22 @@ def test_the_report_of_a_committed_leaderboard_shows_the_knobs_it_showed(
 def test_adding_a_knob_is_its_table_entry_and_its_field(tmp_path: Path) -> None:
     """The walk of a new knob: a copy of the package with one more Candidate field and one more
     entry in KNOBS (and nothing else) has its CSV column, its column type, its text-table number
-    format, its report group, its verl key, a record keeps its value through the CSV, and the
-    megatron runner's worker spec carries it under its worker key, typed as the table says."""
+    format, its report group, its verl key (a `+` key verl leaves open: no verl default), a
+    record keeps its value through the CSV, and the megatron runner's worker spec carries it
+    under its worker key, typed as the table says. A second new knob, a kernel the megatron
+    worker always runs one way (`worker_runs`), is pinned by that runner at that value, after
+    the kernel pins before it, with no edit of the runner."""
     pkg = tmp_path / "tuner"
     shutil.copytree(TUNER, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     cand = pkg / "space" / "candidate.py"
     src = cand.read_text()
     anchor = "    def to_record(self) -> dict[str, Any]:"
     assert src.count(anchor) == 1
-    cand.write_text(
-        src.replace(anchor, '    pad_depth: int = 1\n    """A new knob."""\n\n' + anchor)
+    fields = (
+        '    pad_depth: int = 1\n    """A new knob."""\n\n'
+        '    cross_entropy_fusion: bool = True\n    """A new kernel knob."""\n\n'
     )
+    cand.write_text(src.replace(anchor, fields + anchor))
     knobs = pkg / "space" / "knobs.py"
     src = knobs.read_text()
     anchor = "\n)\nKNOB_BY_NAME"
@@ -205,7 +214,10 @@ def test_adding_a_knob_is_its_table_entry_and_its_field(tmp_path: Path) -> None:
     entry = (
         '    Knob(name="pad_depth", group="memory", help="a new knob",'
         ' verl_keys=("+actor_rollout_ref.actor.pad_depth",), cost="neutral prior: test",'
-        ' worker=WorkerKey("recompute.pad_depth", int)),'
+        ' worker=WorkerKey("recompute.pad_depth", int)),\n'
+        '    Knob(name="cross_entropy_fusion", group="kernels", help="a new kernel knob",'
+        ' verl_keys=_tf("cross_entropy_loss_fusion"), cost="neutral prior: test",'
+        " choices=lambda s, d: list(BOOLS), worker_runs=False),"
     )
     knobs.write_text(src.replace(anchor, "\n" + entry + anchor))
     check = textwrap.dedent(
@@ -219,6 +231,9 @@ def test_adding_a_knob_is_its_table_entry_and_its_field(tmp_path: Path) -> None:
 
         assert tuner.__file__.startswith(TMP), tuner.__file__  # the copy, not the repository's
         assert COLUMNS[COLUMNS.index("enforce_eager") + 1] == "pad_depth", COLUMNS
+        from tuner.space import KNOB_BY_NAME, UNDECLARED
+
+        assert KNOB_BY_NAME["pad_depth"].verl_default is UNDECLARED  # verl declares no such key
         assert "pad_depth" in INT_COLUMNS and "pad_depth" in NUMERIC
         assert "pad_depth" in dict(KNOB_GROUPS)["memory"]
         c = Candidate(layout=ParallelLayout(world=2, tp=2), pad_depth=3)
@@ -247,6 +262,15 @@ def test_adding_a_knob_is_its_table_entry_and_its_field(tmp_path: Path) -> None:
             assert "spec recompute.pad_depth must be an integer" in str(e), e
         else:
             raise AssertionError("a pad_depth of the wrong type was read")
+
+        from tuner.megatron_layers import layer_spec_pins
+        from tuner.runners.megatron import MEGATRON_PINNED
+
+        assert MEGATRON_PINNED[-2:] == (
+            ("moe_permute_fusion", False), ("cross_entropy_fusion", False)
+        ), MEGATRON_PINNED
+        assert ("cross_entropy_fusion", False) in layer_spec_pins(MEGATRON_PINNED, "te")
+        assert "pad_depth" not in dict(MEGATRON_PINNED)  # the worker runs it: measured
         """
     )
     done = subprocess.run(
@@ -265,11 +289,11 @@ ROLLOUT_KNOB_FIELD = (
 )
 ROLLOUT_KNOB_ENTRY = (
     '    Knob(name="enable_prefix_caching", group="rollout", help="vLLM prefix caching",'
-    ' verl_keys=(f"{ROLLOUT}.enable_prefix_caching",), cost="neutral prior: test",'
-    " choices=lambda s, d: list(BOOLS)),"
+    ' verl_keys=(f"{ROLLOUT}.enable_prefix_caching",), verl_default=True,'
+    ' cost="neutral prior: test", choices=lambda s, d: list(BOOLS)),'
 )
 """A rollout knob verl 0.9.1 declares (rollout.yaml: `enable_prefix_caching: True`), as a real
-addition would spell its Candidate field and its table entry."""
+addition would spell its Candidate field and its table entry (verl's default beside its key)."""
 
 
 def test_a_new_rollout_knob_is_sampled_pinned_written_and_exported(tmp_path: Path) -> None:
@@ -278,17 +302,19 @@ def test_a_new_rollout_knob_is_sampled_pinned_written_and_exported(tmp_path: Pat
     under its name (random and Optuna draws, params_for), takes a pin of it by its name and
     value (never suggested, named in the recipe's pinned block), writes and reads it as a CSV
     column of its type, still loads a committed leaderboard of the older header (the knob at
-    its field's default), and exports it as its verl key in the recipe.
+    its field's default), and exports it as its verl key in the recipe. Its verl default is
+    the one verl 0.9.1 composes; the megatron runner pins it at its field's default (after the
+    rollout knobs before it), keeps the pin where it measures generation (its vLLM engine
+    takes no such argument: the entry has no `vllm`), and a megatron study made before the
+    knob existed resumes (the new pin is at the default).
 
     What a real new knob still needs beyond these two edits: its cost-model term in
     tuner/estimate (the entry's `cost` names it; a `neutral prior` scores every value alike);
-    a runner file only where the runner must do something new with it (the megatron runner
-    pins the rollout knobs it does not run: MEGATRON_PINNED in tuner/runners/megatron.py and
-    ROLLOUT_SEARCHED in tuner/runners/megatron_generation.py are hand lists; the vLLM worker's
-    engine arguments, tuner/runners/vllm_gen/spec.py, are vLLM's own names); and the committed
-    leaderboards under results/ lack its column, so the header and byte-identical write-back
-    tests above need them rewritten once (an older file loads, as this test shows, and is
-    written back with the new column)."""
+    a runner file only where the runner must do something new with it (measured generation
+    searches it once vllm_gen.EngineCfg takes it and the entry names that argument, `vllm`);
+    and the committed leaderboards under results/ lack its column, so the header and
+    byte-identical write-back tests above need them rewritten once (an older file loads, as
+    this test shows, and is written back with the new column)."""
     pkg = tmp_path / "tuner"
     shutil.copytree(TUNER, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     field_at = "    def to_record(self) -> dict[str, Any]:"
@@ -303,6 +329,7 @@ def test_a_new_rollout_knob_is_sampled_pinned_written_and_exported(tmp_path: Pat
     check = textwrap.dedent(
         """
         import dataclasses
+        import json
         import random
         from pathlib import Path
 
@@ -372,6 +399,27 @@ def test_a_new_rollout_knob_is_sampled_pinned_written_and_exported(tmp_path: Pat
             assert Candidate.from_record(r, int(r["num_gpus"])).enable_prefix_caching is True
         header = csv_text(TrialRecord.from_row(r).to_row() for r in old).splitlines()[0]
         assert NAME in header.split(",")  # written back once, with the new column
+
+        # the megatron runner's pins: at the field's default, after the rollout knobs before it,
+        # kept where generation is measured; an older megatron study resumes
+        from tuner.runners import pinned_knobs
+        from tuner.runners.megatron import MEGATRON_PINNED, MegatronRunner
+        from tuner.runners.megatron_generation import ROLLOUT_SEARCHED, measured_pins
+        from tuner.space import KNOB_BY_NAME
+
+        names = [n for n, _ in MEGATRON_PINNED]
+        assert names[names.index("enforce_eager") + 1] == NAME, names
+        assert dict(MEGATRON_PINNED)[NAME] is True and KNOB_BY_NAME[NAME].field_default is True
+        assert NAME not in ROLLOUT_SEARCHED and (NAME, True) in measured_pins(MEGATRON_PINNED)
+        assert (NAME, True) in pinned_knobs("megatron")
+        limits = MegatronRunner(generation=False).space_limits(m)
+        space = SearchSpace(model=m, cluster=cl, workload=w, limits=limits)
+        before = space.fingerprint().replace(f",{NAME}=True", "")
+        assert before != space.fingerprint() and space.added_since(before) == [NAME]
+
+        # its keys and verl default, for the caller to compose against verl's config
+        knob = KNOB_BY_NAME[NAME]
+        print(json.dumps({"keys": knob.verl_keys, "verl_default": knob.verl_default}))
         """
     )
     done = subprocess.run(
@@ -382,6 +430,10 @@ def test_a_new_rollout_knob_is_sampled_pinned_written_and_exported(tmp_path: Pat
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    new = json.loads(done.stdout.splitlines()[-1])
+    assert new["verl_default"] is True
+    name = "enable_prefix_caching"
+    assert not verl_default_problems(verl_config(), name, new["keys"], new["verl_default"])
 
 
 def test_the_new_rollout_knobs_key_is_one_verl_declares() -> None:
@@ -401,3 +453,106 @@ def test_the_new_rollout_knobs_key_is_one_verl_declares() -> None:
         )
     assert cfg.actor_rollout_ref.rollout.enable_prefix_caching is False
     assert "enable_prefix_caching: bool = True" in ROLLOUT_KNOB_FIELD  # verl's default
+
+
+# --- verl's defaults (issue 31 item 1) --------------------------------------------------------
+
+ABSENT = object()
+"""What `verl_value` gives for a key verl's config does not declare."""
+
+
+def verl_config() -> object:
+    """verl 0.9.1's ppo_megatron_trainer as Hydra composes it with no override."""
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    from tuner import verl_command
+
+    config = Path(verl.__file__).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config), version_base=None):
+        return compose(config_name=verl_command.CONFIG_NAME)
+
+
+def verl_value(cfg: object, key: str) -> object:
+    """The composed value at `key` (its `+` dropped) as `Knob.verl_default` spells it (a list as
+    a tuple), ABSENT where verl declares no such key."""
+    from omegaconf import OmegaConf
+
+    v = OmegaConf.select(cfg, key.lstrip("+"), default=ABSENT)  # type: ignore[arg-type]
+    if OmegaConf.is_config(v):
+        v = OmegaConf.to_container(v, resolve=True)  # type: ignore[arg-type]
+    return tuple(v) if isinstance(v, list) else v
+
+
+def verl_default_problems(cfg: object, name: str, keys: list[str], default: object) -> list[str]:
+    """Where a knob's `verl_default` (the table's) is not what verl's composed config holds at
+    each of its keys, or a `+` key is one verl declares: one line each."""
+    out = []
+    for key in keys:
+        got = verl_value(cfg, key)
+        if key.startswith("+"):
+            if got is not ABSENT:
+                out.append(f"{name}: verl declares {key[1:]} ({got!r}): drop the + and say so")
+        elif got is ABSENT:
+            out.append(f"{name}: verl 0.9.1 declares no {key}")
+        elif (type(got), got) != (type(default), default):
+            out.append(f"{name}: verl 0.9.1 has {key}={got!r}, the table {default!r}")
+    return out
+
+
+def test_each_knobs_verl_default_is_what_verl_091_composes() -> None:
+    """Every knob with a key verl declares holds verl 0.9.1's value there (at each of its keys:
+    the ref's and the rollout's follow the actor's), and a `+` key is one verl leaves open, its
+    knob without a default (UNDECLARED): a verl whose defaults move fails here."""
+    cfg = verl_config()
+    problems = [
+        p for k in KNOBS for p in verl_default_problems(cfg, k.name, [*k.verl_keys], k.verl_default)
+    ]
+    assert not problems, problems
+    declared = [k.name for k in KNOBS if k.verl_default is not UNDECLARED]
+    assert all(KNOB_BY_NAME[n].verl_keys[0][0] != "+" for n in declared)
+    assert {k.name for k in KNOBS if k.verl_keys and k.verl_keys[0][0] != "+"} == set(declared)
+    # the one the issue names: verl's 0.5, while ours (the Candidate's, the megatron runner's
+    # pin, in stored fingerprints) stays 0.6, its reason beside it
+    gmu = KNOB_BY_NAME["gpu_memory_utilization"]
+    assert (gmu.verl_default, gmu.field_default) == (0.5, 0.6) and "fingerprints" in (
+        gmu.default_differs
+    )
+
+
+def test_a_default_of_ours_unlike_verls_says_why() -> None:
+    """Where the Candidate's default (as verl takes it) is not verl's, the entry says why; where
+    it is, the entry says nothing."""
+    from dataclasses import MISSING
+
+    checked = 0
+    for k in KNOBS:
+        if k.verl_default is UNDECLARED or k.field_default is MISSING:
+            continue
+        ours = k.to_verl(k.field_default)
+        ours = tuple(ours) if isinstance(ours, list) else ours
+        same = (type(ours), ours) == (type(k.verl_default), k.verl_default)
+        assert same != bool(k.default_differs), (k.name, ours, k.verl_default, k.default_differs)
+        checked += 1
+    assert checked == len([k for k in KNOBS if k.verl_default is not UNDECLARED])
+
+
+def test_a_verl_default_where_verl_has_none_is_refused() -> None:
+    with pytest.raises(ValueError, match="verl declares no key of it"):
+        Knob(name="x", help="", group="kernels", cost="", verl_keys=("+a.b",), verl_default=1)
+    with pytest.raises(ValueError, match="the knob has none"):
+        Knob(name="x", help="", group="kernels", cost="", verl_keys=("a.b",), default_differs="y")
+
+
+def test_the_vllm_keys_are_the_engines_arguments() -> None:
+    """`Knob.vllm` names an argument of the measured generation's engine, and those knobs are
+    what that generation searches."""
+    from dataclasses import fields
+
+    from tuner.runners.megatron_generation import ROLLOUT_SEARCHED
+    from tuner.runners.vllm_gen import EngineCfg
+
+    engine = {f.name for f in fields(EngineCfg)}
+    vllm = [k for k in KNOBS if k.vllm]
+    assert vllm and all(k.vllm in engine and k.group == "rollout" for k in vllm)
+    assert tuple(k.name for k in vllm) == ROLLOUT_SEARCHED

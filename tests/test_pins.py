@@ -10,7 +10,7 @@ import pytest
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import get_model
 from tuner.runners.megatron import MEGATRON_PINNED, MegatronRunner
-from tuner.runners.megatron_generation import ONE_REPLICA_PINS
+from tuner.runners.megatron_generation import ONE_REPLICA_PINS, ROLLOUT_SEARCHED, measured_pins
 from tuner.space import (
     KNOBS,
     RandomSuggester,
@@ -109,3 +109,45 @@ def test_the_megatron_runners_pins_never_vary() -> None:
         pinned = {k for k, _ in limits.pinned}
         assert pinned.isdisjoint(s.params), pinned & set(s.params)
     assert seen == {"rollout_tp": {1}, "rollout_dp": {1}, "rollout_ep": {1}}
+
+
+HAND_MEGATRON_PINNED = (
+    ("rollout_tp", 1),
+    ("rollout_dp", 1),
+    ("rollout_ep", 1),
+    ("gpu_memory_utilization", 0.6),
+    ("max_num_batched_tokens", 0),
+    ("max_num_seqs", 256),
+    ("enforce_eager", False),
+    ("apply_rope_fusion", False),
+    ("bias_activation_fusion", False),
+    ("gradient_accumulation_fusion", False),
+    ("attention_backend", "flash"),
+    ("moe_token_dispatcher_type", "alltoall"),
+    ("moe_grouped_gemm", True),
+    ("moe_permute_fusion", False),
+)
+"""tuner/runners/megatron.py's MEGATRON_PINNED when it was a hand list (before issue 31 item 1
+derived it from the knob table)."""
+HAND_ROLLOUT_SEARCHED = (
+    "rollout_tp",
+    "gpu_memory_utilization",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "enforce_eager",
+)
+"""tuner/runners/megatron_generation.py's ROLLOUT_SEARCHED when it was a hand list."""
+
+
+def test_the_pins_read_from_the_table_are_the_hand_lists_they_replace() -> None:
+    """Same names, values, value types and order (a study's fingerprint spells the pins in
+    order, `name=value`, and a committed recipe's pinned block lists them): stored studies
+    resume and the committed recipes read as they did."""
+    assert repr(MEGATRON_PINNED) == repr(HAND_MEGATRON_PINNED)
+    assert ROLLOUT_SEARCHED == HAND_ROLLOUT_SEARCHED
+    by_hand = tuple(p for p in HAND_MEGATRON_PINNED if p[0] not in HAND_ROLLOUT_SEARCHED)
+    assert repr(measured_pins(MEGATRON_PINNED)) == repr(by_hand)
+    m = get_model("qwen3-30b-moe")
+    limits = MegatronRunner(generation=False, layer_spec="local").space_limits(m)
+    pins = ",".join(f"{k}={v}" for k, v in HAND_MEGATRON_PINNED)
+    assert limits.summary.startswith(f"cp1,nosp,{pins}"), limits.summary

@@ -66,7 +66,7 @@ from tuner.runners.megatron_worker.protocol import ProgressWatch
 from tuner.runners.megatron_worker.spec import layout_to_dict
 from tuner.runners.megatron_worker.trial import more_steps, plan_phase
 from tuner.runners.process import Launch, ProcessResult, run_process
-from tuner.space import Candidate, SpaceLimits, check_pins, worker_values
+from tuner.space import KNOBS, Candidate, SpaceLimits, check_pins, worker_values
 from tuner.workload import Workload
 
 __all__ = ["MegatronRunner", "megatron_refusals", "to_trial_result", "worker_spec"]
@@ -100,27 +100,41 @@ WORKER_ENV = {
     # Fewer allocator splits between trials of a pool.
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
 }
-MEGATRON_PINNED = (
-    ("rollout_tp", 1),
-    ("rollout_dp", 1),
-    ("rollout_ep", 1),
-    ("gpu_memory_utilization", 0.6),
-    ("max_num_batched_tokens", 0),
-    ("max_num_seqs", 256),
-    ("enforce_eager", False),
-    # What the worker runs without transformer-engine or apex (local layers, flash kernels,
-    # grouped-GEMM experts, alltoall dispatch): pinned so no trial is spent on a knob it ignores.
-    ("apply_rope_fusion", False),
-    ("bias_activation_fusion", False),
-    ("gradient_accumulation_fusion", False),
-    ("attention_backend", "flash"),
-    ("moe_token_dispatcher_type", "alltoall"),
-    ("moe_grouped_gemm", True),
-    ("moe_permute_fusion", False),
+KERNEL_PIN_ORDER = (
+    "apply_rope_fusion",
+    "bias_activation_fusion",
+    "gradient_accumulation_fusion",
+    "attention_backend",
+    "moe_token_dispatcher_type",
+    "moe_grouped_gemm",
+    "moe_permute_fusion",
 )
-"""Knobs the worker does not measure, at the value it runs: generation (vLLM is not run; 0
-batched tokens: prompt + response) and the kernel choices it cannot make here. The log-prob
-knobs and use_fused_kernels are measured. Checked on import (check_pins)."""
+"""The order of the kernel pins in MEGATRON_PINNED, not the table's: the one they had when the
+pins were a hand list, which stored study fingerprints (SpaceLimits.summary) and the committed
+recipes' pinned blocks spell. Their values are the table's (`Knob.worker_runs`); a knob given a
+`worker_runs` since comes after these, in table order."""
+
+
+def _pins() -> tuple[tuple[str, Any], ...]:
+    rollout = [k for k in KNOBS if k.group == "rollout" and k.choices is not None]
+    kernels = sorted(
+        (k for k in KNOBS if k.worker_runs is not None),
+        key=lambda k: (
+            KERNEL_PIN_ORDER.index(k.name) if k.name in KERNEL_PIN_ORDER else len(KERNEL_PIN_ORDER)
+        ),
+    )
+    return tuple((k.name, k.field_default) for k in rollout) + tuple(
+        (k.name, k.worker_runs) for k in kernels
+    )
+
+
+MEGATRON_PINNED = _pins()
+"""Knobs the worker does not measure, at the value it runs: generation (vLLM is not run), every
+sampled knob of the rollout group at its Candidate field's default (0 batched tokens: prompt +
+response), then the kernel choices it cannot make here, at the value it runs instead
+(`Knob.worker_runs`: local layers, flash kernels, grouped-GEMM experts, alltoall dispatch), so
+no trial is spent on a knob it ignores. The log-prob knobs and use_fused_kernels are measured.
+Checked on import (check_pins)."""
 check_pins(MEGATRON_PINNED)
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 

@@ -56,21 +56,16 @@ from tuner.runners.megatron_pool import WorkerPool
 from tuner.runners.process import log_tail
 from tuner.runners.vllm_gen import EngineCfg, GenResult, GenSpec, classify_failure
 from tuner.runners.vllm_gen import parse_gen_result as _parse
-from tuner.space import Candidate, check_pins
+from tuner.space import KNOBS, Candidate, check_pins
 from tuner.space.rules import RULES, Rule, broken_rules
 from tuner.workload import Workload
 
 GEN_MODULE = "tuner.runners.vllm_gen"
 GEN_SPEC, GEN_RESULT = "gen-spec.json", "gen-result.json"
 INSTALL = "pip install vllm==0.24.0 (the vLLM verl 0.9.1 pins) into the trials' Python"
-ROLLOUT_SEARCHED = (
-    "rollout_tp",
-    "gpu_memory_utilization",
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "enforce_eager",
-)
-"""The megatron runner's pins that measured generation frees."""
+ROLLOUT_SEARCHED = tuple(k.name for k in KNOBS if k.group == "rollout" and k.vllm)
+"""The megatron runner's pins that measured generation frees: the rollout knobs its vLLM engine
+takes (`Knob.vllm`), in table order."""
 ONE_REPLICA_PINS = (("rollout_dp", 1), ("rollout_ep", 1))
 """Rollout DP and EP (MoE): one offline engine of data parallel 1 is what the runner runs."""
 check_pins(ONE_REPLICA_PINS)
@@ -149,15 +144,14 @@ def generation_spec(
     plens, rlens = prompt_and_response_lengths(w, w.batch_size, seed)
     n = w.n
     raw = (folder / "config.json").read_bytes()
+    knobs = {k.vllm: k.value(c) for k in KNOBS if k.vllm}  # the engine's arguments (Knob.vllm)
+    # the tuner's 0 is prompt + response; vLLM takes a number
+    knobs["max_num_batched_tokens"] = c.max_num_batched_tokens or w.max_seq_len
     engine = EngineCfg(
         model=str(folder),
         config_sha=hashlib.sha256(raw).hexdigest(),
-        tensor_parallel_size=c.rollout_tp,
-        gpu_memory_utilization=c.gpu_memory_utilization,
-        max_num_seqs=c.max_num_seqs,
-        max_num_batched_tokens=c.max_num_batched_tokens or w.max_seq_len,
-        enforce_eager=c.enforce_eager,
         max_model_len=verl_max_model_len(folder, w),
+        **knobs,
     )
     return GenSpec(
         engine=engine,

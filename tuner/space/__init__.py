@@ -2,12 +2,13 @@
 
 One table (`KNOBS`) declares each knob: its Candidate field, the choices the sampler offers
 (derived from the model, cluster, workload and the values drawn before it), its validity rules,
-the verl keys it sets, the key and type of the megatron worker's spec that carries it, and the
+the verl keys it sets and verl 0.9.1's default there, the key and type of the megatron worker's
+spec that carries it (or the value that worker always runs), its vLLM engine argument, and the
 term of the cost model that scores it. `sample()`, `params_for()`, `knob_overrides()` (hence the
-recipes and the verl runner), `worker_values()` (the megatron worker's spec), `validate()` and
-the CSV columns all read that table; adding a knob is one
-entry in knobs.py plus its cost-model term (torchtitan's parallel_dims / Optuna's distributions:
-one declaration, many readers).
+recipes and the verl runner), `worker_values()` (the megatron worker's spec), the megatron
+runner's pins, `validate()` and the CSV columns all read that table; adding a knob is one entry in
+knobs.py plus its cost-model term (torchtitan's parallel_dims / Optuna's distributions: one
+declaration, many readers).
 
 `sample()` draws only from choices that pass `validate()`, so a candidate the sampler emits is
 always valid. `validate()` still checks every rule, because candidates also come from users,
@@ -35,8 +36,6 @@ from tuner.space.candidate import (
     RECOMPUTE_MODULE_SETS_DENSE,
     RECOMPUTE_MODULE_SETS_MOE,
     RECOMPUTE_MODULES_ALLOWED,
-    VERL_DEFAULT_ENFORCE_EAGER,
-    VERL_DEFAULT_MAX_NUM_SEQS,
     Candidate,
     modules_of,
 )
@@ -65,6 +64,9 @@ from tuner.space.knobs import (
     REF,
     ROLLOUT,
     TF_CONFIG,
+    UNDECLARED,
+    VERL_DEFAULT_ENFORCE_EAGER,
+    VERL_DEFAULT_MAX_NUM_SEQS,
     WORKER_KEYS,
     Knob,
     knob_overrides,
@@ -159,6 +161,7 @@ __all__ = [
     "SpaceLimits",
     "Suggester",
     "TF_CONFIG",
+    "UNDECLARED",
     "TOKEN_BUDGET_FACTORS",
     "VERL_DEFAULT_ENFORCE_EAGER",
     "VERL_DEFAULT_MAX_NUM_SEQS",

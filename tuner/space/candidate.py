@@ -39,14 +39,8 @@ MOE_DISPATCHERS = ("allgather", "alltoall", "flex")
 MOE_DISPATCHER_CHOICES = ("alltoall", "flex")
 MAX_NUM_SEQS_CHOICES = (64, 128, 256, 512, 1024)
 """vLLM `max_num_seqs` the sampler offers; verl 0.9.1's default is 256 (rollout config)."""
-VERL_DEFAULT_MAX_NUM_SEQS = 256
-"""`actor_rollout_ref.rollout.max_num_seqs` in verl 0.9.1's ppo_megatron_trainer."""
 ENFORCE_EAGER_CHOICES = (False, True)
 """vLLM `enforce_eager` the sampler offers: CUDA graphs (False) or eager decode (True)."""
-VERL_DEFAULT_ENFORCE_EAGER = False
-"""`actor_rollout_ref.rollout.enforce_eager` in verl 0.9.1's rollout config (rollout.yaml:
-"Whether to disable CUDA graph. Default False to best performance"); verl releases before
-2025-08-08 (0.5 and older) defaulted to True."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,15 +106,17 @@ class Candidate:
     """vLLM expert parallel: 1 (off) or rollout_tp * rollout_dp (verl's rule)."""
     gpu_memory_utilization: float = 0.6
     """vLLM's share of GPU memory (weights + KV cache) during generation. 0.6 is what verl's
-    Megatron GRPO example sets; verl 0.9.1's own default is 0.5 (trainer/config/rollout/
-    rollout.yaml), which the recipe never relies on: it always sets the value."""
+    Megatron GRPO example sets; verl 0.9.1's own default is 0.5 (the knob's `verl_default`,
+    trainer/config/rollout/rollout.yaml), which the recipe never relies on: it always sets the
+    value."""
     max_num_batched_tokens: int = 0
     """vLLM's token budget per scheduler step (0 = prompt + response)."""
-    max_num_seqs: int = VERL_DEFAULT_MAX_NUM_SEQS
-    """vLLM's most sequences running at once per engine (verl 0.9.1 default 256)."""
-    enforce_eager: bool = VERL_DEFAULT_ENFORCE_EAGER
-    """vLLM decodes without CUDA graphs, launching every kernel from Python (verl 0.9.1 default
-    False: graphs captured at vLLM's default batch sizes)."""
+    max_num_seqs: int = 256
+    """vLLM's most sequences running at once per engine (verl 0.9.1's default, the knob's
+    `verl_default`: tests/test_knob_table.py holds a field at verl's default equal to it)."""
+    enforce_eager: bool = False
+    """vLLM decodes without CUDA graphs, launching every kernel from Python (verl 0.9.1's
+    default False, the knob's `verl_default`: graphs captured at vLLM's default batch sizes)."""
 
     def to_record(self) -> dict[str, Any]:
         """Flat knob values, as CSV columns and Optuna user_attrs."""

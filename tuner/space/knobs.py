@@ -2,19 +2,24 @@
 
 Each `Knob` names its Candidate field, its group, the choices the sampler offers (derived from
 the model, cluster, workload and the values drawn before it: choices.py), its validity rules, the
-verl keys it sets, the key and type of the megatron worker's spec that carries it (`WorkerKey`),
-and the term of the cost model that scores it. `sample()`, `params_for()`, `knob_overrides()`
-(hence the recipes and the verl runner), `worker_values()` (the megatron runner's worker spec,
-which the worker reads by the same keys and types: `WORKER_KEYS`), `validate()`, the CSV columns
-and their types (candidate.KNOB_COLUMN_TYPES) and the report's knob groups (`KNOB_GROUP_OF`) all
-read that table; adding a knob is one entry here and its Candidate field, plus its cost-model
-term (torchtitan's parallel_dims / Optuna's distributions: one declaration, many readers).
+verl keys it sets and verl 0.9.1's default at them (`verl_default`, and why the Candidate's
+default differs where it does), the key and type of the megatron worker's spec that carries it
+(`WorkerKey`) or the value that worker always runs (`worker_runs`), the vLLM engine argument of
+measured generation (`vllm`), and the term of the cost model that scores it. `sample()`,
+`params_for()`, `knob_overrides()` (hence the recipes and the verl runner), `worker_values()` (the
+megatron runner's worker spec, which the worker reads by the same keys and types: `WORKER_KEYS`),
+the megatron runner's pins (megatron.MEGATRON_PINNED) and what its measured generation searches
+(megatron_generation.ROLLOUT_SEARCHED), `validate()`, the CSV columns and their types
+(candidate.KNOB_COLUMN_TYPES) and the report's knob groups (`KNOB_GROUP_OF`) all read that table;
+adding a knob is one entry here and its Candidate field, plus its cost-model term (torchtitan's
+parallel_dims / Optuna's distributions: one declaration, many readers).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.bounds import Bounds
@@ -53,6 +58,7 @@ from tuner.space.choices import (
     rollout_ep_choices,
     sp_choices,
 )
+from tuner.space.layout import ParallelLayout
 from tuner.space.rules import RULES, Rule
 from tuner.space.worker_key import WorkerKey
 
@@ -68,6 +74,20 @@ TF_CONFIG = "megatron.override_transformer_config"
 
 KNOB_GROUP_ORDER = ("layout", "pipeline", "memory", "batching", "rollout", "kernels")
 """The knobs' groups (`Knob.group`), in the order the report shows them."""
+
+
+class Undeclared(enum.Enum):
+    """The type of `UNDECLARED` (one value, so that None stays verl's `null`)."""
+
+    UNDECLARED = "undeclared"
+
+    def __repr__(self) -> str:
+        return "UNDECLARED"
+
+
+UNDECLARED = Undeclared.UNDECLARED
+"""`Knob.verl_default` of a knob whose key verl 0.9.1 does not declare (a `+` key: the library
+behind it, megatron-core's TransformerConfig, decides) or that sets no verl key."""
 
 
 def _identity(v: Any, *_: Any) -> Any:
@@ -93,8 +113,9 @@ def _module_list(v: Any) -> list[str]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Knob:
-    """One tuner knob, declared once: what it is, what the sampler offers, what verl key it sets,
-    what the megatron worker calls it and what the cost model reads."""
+    """One tuner knob, declared once: what it is, what the sampler offers, what verl key it sets
+    and verl's default there, what the megatron worker calls it (or runs instead), what vLLM
+    calls it and what the cost model reads."""
 
     name: str
     """Candidate field (or ParallelLayout field; `layout` is the layout itself)."""
@@ -106,11 +127,31 @@ class Knob:
     """Full dotted keys (actor and ref get the same value); a leading `+` adds a key verl's
     schema leaves open. Empty only for `layout` (its degrees are knobs of their own) and
     `rollout_gpus` (a split sets the entry point and the pools: verl_command.split_overrides)."""
+    verl_default: Any = UNDECLARED
+    """What verl 0.9.1's own config (`ppo_megatron_trainer`, composed) holds at the first of
+    `verl_keys`, as verl holds it: null is None, a list is a tuple here. What a verl run gets
+    where the recipe leaves the key out (the recipe writes each knob whenever `when` holds).
+    UNDECLARED for a `+` key (verl leaves it open) and for a knob without verl keys.
+    tests/test_knob_table.py composes verl's config and checks each."""
+    default_differs: str = ""
+    """Why the Candidate field's default, as verl takes it (`to_verl`), is not `verl_default`;
+    empty where they agree (the same test checks both ways)."""
     worker: WorkerKey | None = None
     """Where the megatron worker's spec carries it. None where the worker takes no value of it:
     the rollout knobs (generation is not the worker's), the layout's degrees (the spec's `layout`
     is the whole ParallelLayout: its world and LAYOUT_FIELDS) and the kernels the worker always
-    runs its own way (the megatron runner pins them: megatron.MEGATRON_PINNED)."""
+    runs its own way (`worker_runs`)."""
+    worker_runs: Any = None
+    """The value the megatron runner's worker runs in megatron-core's local layers whatever the
+    candidate says (no transformer-engine or apex there: local layers, flash kernels,
+    grouped-GEMM experts, alltoall dispatch), so that runner pins the knob at it
+    (megatron.MEGATRON_PINNED; its te layers make some of them: megatron_layers.TE_MEASURED).
+    None where the worker runs the candidate's value or takes none of it."""
+    vllm: str = ""
+    """The vLLM engine argument (`vllm.LLM(**kwargs)`, vllm_gen.EngineCfg's field) that carries
+    it where the megatron runner measures generation, which then searches it
+    (megatron_generation.ROLLOUT_SEARCHED); empty where that one engine takes none of it (rollout
+    DP and EP: one offline engine of data parallel 1)."""
     cost: str
     """The cost-model term that scores it (tuner/estimate), or `neutral prior: <why>` where no
     model exists yet and the measured runner decides."""
@@ -144,6 +185,26 @@ class Knob:
                 f"knob {self.name}: group {self.group!r} is not one of "
                 + ", ".join(KNOB_GROUP_ORDER)
             )
+        open_key = not self.verl_keys or self.verl_keys[0].startswith("+")
+        if open_key and self.verl_default is not UNDECLARED:
+            raise ValueError(
+                f"knob {self.name}: verl_default {self.verl_default!r} given, but verl declares "
+                "no key of it (a `+` key or none): leave verl_default out"
+            )
+        if self.default_differs and self.verl_default is UNDECLARED:
+            raise ValueError(
+                f"knob {self.name}: default_differs says why it differs from verl's default, "
+                "but the knob has none (verl_default is UNDECLARED): leave it out"
+            )
+
+    @property
+    def field_default(self) -> Any:
+        """The default of its Candidate field (of the ParallelLayout field for the layout's
+        degrees and pipeline split); dataclasses.MISSING for `layout`."""
+        if self.name in LAYOUT_FIELDS:
+            return ParallelLayout.__dataclass_fields__[self.name].default
+        f = Candidate.__dataclass_fields__.get(self.name)
+        return MISSING if f is None else f.default
 
     def value(self, c: Candidate) -> Any:
         if self.name == "layout":
@@ -175,6 +236,11 @@ _TOKEN_BUDGET = Bounds(low=0, high=2**24, unit="tokens per GPU (0: off)")
 _MICRO_BATCH = Bounds(low=1, high=2**16, unit="samples")
 _ROLLOUT_DEGREE = Bounds(low=1, high=65536, why="the most GPUs any one job runs on")
 
+# verl_default: verl 0.9.1's trainer/config (the installed package's): engine/megatron.yaml for
+# the megatron.* keys and the override_transformer_config keys it declares, actor/actor.yaml,
+# model/hf_model.yaml and rollout/rollout.yaml; the ref's keys and the rollout's log-prob keys
+# follow the actor's by interpolation (ref/megatron_ref.yaml, ref/ref.yaml, rollout/rollout.yaml),
+# so each knob's keys share one default.
 KNOBS: tuple[Knob, ...] = (
     Knob(
         name="rollout_gpus",
@@ -199,6 +265,7 @@ KNOBS: tuple[Knob, ...] = (
         group="layout",
         help="tensor parallel",
         verl_keys=_both("megatron.tensor_model_parallel_size"),
+        verl_default=1,
         cost="time: _layout_lin(tp)",
     ),
     Knob(
@@ -206,6 +273,7 @@ KNOBS: tuple[Knob, ...] = (
         group="layout",
         help="pipeline parallel",
         verl_keys=_both("megatron.pipeline_model_parallel_size"),
+        verl_default=1,
         cost="time: pipeline bubble and p2p (phase_times_of)",
     ),
     Knob(
@@ -213,6 +281,7 @@ KNOBS: tuple[Knob, ...] = (
         group="layout",
         help="virtual pipeline stages (null = off)",
         verl_keys=_both("megatron.virtual_pipeline_model_parallel_size"),
+        verl_default=None,
         cost="time: bubble / vpp",
         to_verl=_null_if_one,
     ),
@@ -239,6 +308,7 @@ KNOBS: tuple[Knob, ...] = (
         group="layout",
         help="context parallel",
         verl_keys=_both("megatron.context_parallel_size"),
+        verl_default=1,
         cost="time: _layout_lin(cp) ring exchange",
     ),
     Knob(
@@ -246,6 +316,7 @@ KNOBS: tuple[Knob, ...] = (
         group="layout",
         help="expert parallel",
         verl_keys=_both("megatron.expert_model_parallel_size"),
+        verl_default=1,
         cost="time: _layout_lin(ep) all-to-all",
     ),
     Knob(
@@ -253,6 +324,9 @@ KNOBS: tuple[Knob, ...] = (
         group="layout",
         help="expert tensor parallel",
         verl_keys=_both("megatron.expert_tensor_parallel_size"),
+        verl_default=None,
+        default_differs="verl's null is `as tp` in megatron-core (parallel_state."
+        "initialize_model_parallel); the layout's 1 is expert tensor parallel off",
         cost="time: _layout_lin(etp)",
     ),
     Knob(
@@ -260,6 +334,10 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="sequence parallel",
         verl_keys=_both("megatron.sequence_parallel"),
+        verl_default=True,
+        default_differs="verl turns its True off at tp 1 (workers/config/engine.py "
+        "McoreEngineConfig); the field's False is what tp 1 runs, and the sampler draws it where "
+        "tp > 1 (choices.sp_choices)",
         worker=WorkerKey("sequence_parallel", bool),
         cost="time: _layout_lin(sp) collectives; memory: activations / tp",
         choices=sp_choices,
@@ -269,6 +347,7 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="MoE token dispatcher",
         verl_keys=_tf("moe_token_dispatcher_type"),
+        worker_runs="alltoall",
         cost="time: _layout_lin dispatch (allgather volume); flex vs alltoall is a neutral prior",
         choices=moe_space(MOE_DISPATCHER_CHOICES),
         allowed=MOE_DISPATCHERS,
@@ -279,6 +358,7 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="MoE fused permute",
         verl_keys=_tf("moe_permute_fusion"),
+        worker_runs=False,
         worker=WorkerKey("kernels.moe_permute_fusion", bool),
         cost="time: _layout_lin permute passes",
         choices=moe_space(BOOLS),
@@ -289,6 +369,7 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="activation recompute granularity",
         verl_keys=_tf("recompute_granularity", declared=True),
+        verl_default=None,
         worker=WorkerKey("recompute.granularity", str),
         cost="time: recompute term (phase_times_of); memory: kept activations",
         choices=lambda s, d: list(RECOMPUTE_GRANULARITIES),
@@ -300,6 +381,9 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="full recompute method",
         verl_keys=_tf("recompute_method", declared=True),
+        verl_default=None,
+        default_differs="written only with full recompute (`when`), which megatron-core refuses "
+        "without a method (transformer_config.py); verl's null goes with its null granularity",
         worker=WorkerKey("recompute.method", str),
         cost="time: recompute fraction (block)",
         choices=lambda s, d: (
@@ -313,6 +397,9 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="full recompute layers",
         verl_keys=_tf("recompute_num_layers", declared=True),
+        verl_default=None,
+        default_differs="written only with full recompute (`when`), which megatron-core refuses "
+        "without a layer count (transformer_config.py); verl's null goes with its null granularity",
         worker=WorkerKey("recompute.num_layers", int, off=0),
         cost="time: recompute fraction (block)",
         choices=nlayers_choices,
@@ -324,6 +411,7 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="selective recompute modules",
         verl_keys=_tf("recompute_modules", declared=True),
+        verl_default=("core_attn",),
         worker=WorkerKey("recompute.modules", list, to_worker=_module_list),
         cost="time: forward of each listed module repeated (_Lin.*_fwd_slope)",
         choices=modules_choices,
@@ -335,6 +423,7 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="MoE grouped GEMM",
         verl_keys=_tf("moe_grouped_gemm"),
+        worker_runs=True,
         worker=WorkerKey("kernels.moe_grouped_gemm", bool),
         cost="time: _layout_lin per-expert GEMM launches when off",
         choices=grouped_gemm_choices,
@@ -345,6 +434,7 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="offload parameters and gradients",
         verl_keys=_both("megatron.param_offload"),
+        verl_default=False,
         worker=WorkerKey("offload.param", bool),
         cost="time: PCIe copies of weights and grads; memory: weights and grads leave the GPU",
         choices=lambda s, d: [False, True],
@@ -354,6 +444,7 @@ KNOBS: tuple[Knob, ...] = (
         group="memory",
         help="offload optimizer",
         verl_keys=(f"{ACTOR}.megatron.optimizer_offload",),
+        verl_default=False,
         worker=WorkerKey("offload.optimizer", bool),
         cost="time: PCIe copies of the optimizer shard; memory: optimizer leaves the GPU",
         choices=lambda s, d: [False, True],
@@ -363,6 +454,9 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="verl fused log-prob kernels",
         verl_keys=("actor_rollout_ref.model.use_fused_kernels",),
+        verl_default=False,  # trainer/config/model/hf_model.yaml
+        default_differs="the tuner's starting value (the sampler draws both): verl's unfused "
+        "log-prob path holds the full-vocabulary logits",
         worker=WorkerKey("use_fused_kernels", bool),
         cost="time: _logits_slope; memory: logits",
         choices=lambda s, d: [True, False],
@@ -372,6 +466,7 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="fused RoPE",
         verl_keys=_tf("apply_rope_fusion"),
+        worker_runs=False,
         worker=WorkerKey("kernels.apply_rope_fusion", bool),
         cost="time: _layout_lin elementwise passes over q and k",
         choices=lambda s, d: list(BOOLS),
@@ -381,6 +476,7 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="fused bias + SwiGLU",
         verl_keys=_tf("bias_activation_fusion"),
+        worker_runs=False,
         worker=WorkerKey("kernels.bias_activation_fusion", bool),
         cost="time: _layout_lin elementwise passes over the MLP activation",
         choices=lambda s, d: list(BOOLS),
@@ -398,6 +494,7 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="wgrad accumulated in the GEMM",
         verl_keys=_tf("gradient_accumulation_fusion"),
+        worker_runs=False,
         cost="time: _layout_lin backward fp32 main-grad read/write",
         choices=lambda s, d: list(BOOLS),
     ),
@@ -406,6 +503,8 @@ KNOBS: tuple[Knob, ...] = (
         group="kernels",
         help="megatron attention backend",
         verl_keys=_tf("attention_backend", declared=True),
+        verl_default="flash",
+        worker_runs="flash",
         worker=WorkerKey("kernels.attention_backend", str),
         cost="neutral prior: flash, fused and auto score alike (no measured model yet, the "
         "measured runner decides); unfused/local: score-matrix cost in _layout_lin",
@@ -421,6 +520,9 @@ KNOBS: tuple[Knob, ...] = (
             f"{REF}.log_prob_use_dynamic_bsz",
             f"{ROLLOUT}.log_prob_use_dynamic_bsz",
         ),
+        verl_default=False,  # trainer/config/actor/actor.yaml
+        default_differs="the tuner's starting value (the sampler draws both): micro-batches "
+        "packed by tokens suit RL's varied response lengths",
         worker=WorkerKey("batch.use_dynamic_bsz", bool),
         cost="time: micro-batch count (phase_times_of)",
         choices=lambda s, d: [True, False],
@@ -430,6 +532,9 @@ KNOBS: tuple[Knob, ...] = (
         group="batching",
         help="actor tokens per micro-batch per GPU",
         verl_keys=(f"{ACTOR}.ppo_max_token_len_per_gpu",),
+        verl_default=16384,
+        default_differs="0 is unset: a drawn candidate's budget is a multiple of one sample's "
+        "tokens (choices.TOKEN_BUDGET_FACTORS), as the workload sizes it",
         worker=WorkerKey("batch.max_token_len_per_gpu", int, off=0),
         cost="time: update micro-batches; memory: activations",
         old_param="ppo_max_token_len_factor",
@@ -445,6 +550,9 @@ KNOBS: tuple[Knob, ...] = (
             f"{REF}.log_prob_max_token_len_per_gpu",
             f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
         ),
+        verl_default=16384,  # ref/ref.yaml: the actor's ppo_max_token_len_per_gpu
+        default_differs="0 is unset: a drawn candidate's budget is a multiple of one sample's "
+        "tokens (choices.LOG_PROB_BUDGET_FACTORS), as the workload sizes it",
         worker=WorkerKey("batch.log_prob_max_token_len_per_gpu", int, off=0),
         cost="time: log-prob micro-batches; memory: log-prob activations",
         old_param="log_prob_max_token_len_factor",
@@ -457,6 +565,9 @@ KNOBS: tuple[Knob, ...] = (
         group="batching",
         help="actor samples per micro-batch per GPU",
         verl_keys=(f"{ACTOR}.ppo_micro_batch_size_per_gpu",),
+        verl_default=None,
+        default_differs="written only without dynamic batching (`when`), which needs a number of "
+        "samples; 1 is the least",
         worker=WorkerKey("batch.micro_batch_size_per_gpu", int, off=0),
         cost="time: update micro-batches; memory: activations",
         old_param="ppo_micro_batch_log2",
@@ -475,6 +586,9 @@ KNOBS: tuple[Knob, ...] = (
             f"{REF}.log_prob_micro_batch_size_per_gpu",
             f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu",
         ),
+        verl_default=None,
+        default_differs="written only without dynamic batching (`when`), which needs a number of "
+        "samples; 1 is the least",
         worker=WorkerKey("batch.log_prob_micro_batch_size_per_gpu", int, off=0),
         cost="time: log-prob micro-batches; memory: log-prob activations",
         old_param="log_prob_micro_batch_log2",
@@ -493,6 +607,11 @@ KNOBS: tuple[Knob, ...] = (
         help="vLLM tensor parallel (may span nodes)",
         bounds=_ROLLOUT_DEGREE,
         verl_keys=(f"{ROLLOUT}.tensor_model_parallel_size",),
+        verl_default=2,
+        default_differs="1 divides every model's heads and every GPU count (the megatron runner "
+        "pins it there where it runs no generation); the sampler draws it "
+        "(SearchSpace.rollout_tps_of)",
+        vllm="tensor_parallel_size",
         cost="time: _generation engines, _decode_step_s TP all-reduce (inter-node beyond a node)",
         choices=lambda s, d: s.rollout_tps_of(d),
     ),
@@ -502,6 +621,7 @@ KNOBS: tuple[Knob, ...] = (
         help="vLLM data parallel inside a replica (MoE)",
         bounds=_ROLLOUT_DEGREE,
         verl_keys=(f"{ROLLOUT}.data_parallel_size",),
+        verl_default=1,
         cost="time: _decode_step_s expert weights over tp*dp and their collectives",
         old_param="rollout_dp_log2",
         choices=rollout_dp_choices,
@@ -515,6 +635,7 @@ KNOBS: tuple[Knob, ...] = (
         help="vLLM expert parallel (1 or tp*dp)",
         bounds=_ROLLOUT_DEGREE,
         verl_keys=(f"{ROLLOUT}.expert_parallel_size",),
+        verl_default=1,
         cost="time: _decode_step_s all-to-all instead of expert-TP all-reduce",
         old_param="rollout_expert_parallel",
         choices=rollout_ep_choices,
@@ -527,6 +648,10 @@ KNOBS: tuple[Knob, ...] = (
         help="vLLM memory share",
         bounds=Bounds(low=0, high=1, low_open=True, why="a share of the GPU's memory"),
         verl_keys=(f"{ROLLOUT}.gpu_memory_utilization",),
+        verl_default=0.5,
+        default_differs="0.6 is what verl's Megatron GRPO example sets; it is the megatron "
+        "runner's pin, which stored study fingerprints hold, so it stays",
+        vllm="gpu_memory_utilization",
         cost="memory: KV cache -> time: _generation concurrency",
         choices=lambda s, d: list(GPU_MEMORY_UTILIZATIONS),
         encode=lambda v, s, d: nearest(v, GPU_MEMORY_UTILIZATIONS),
@@ -537,6 +662,10 @@ KNOBS: tuple[Knob, ...] = (
         help="vLLM tokens per scheduler step",
         bounds=Bounds(low=0, high=2**24, unit="tokens (0: prompt + response)"),
         verl_keys=(f"{ROLLOUT}.max_num_batched_tokens",),
+        verl_default=8192,
+        default_differs="0 is prompt + response (the cost model and measured generation read it "
+        "so); a drawn candidate carries a multiple of it (choices.BATCHED_TOKEN_FACTORS)",
+        vllm="max_num_batched_tokens",
         cost="time: _generation concurrency bound; memory: vLLM activations",
         old_param="max_num_batched_tokens_factor",
         choices=lambda s, d: list(BATCHED_TOKEN_FACTORS),
@@ -551,6 +680,8 @@ KNOBS: tuple[Knob, ...] = (
         help="vLLM sequences per engine at once",
         bounds=Bounds(low=1, high=2**16, unit="sequences"),
         verl_keys=(f"{ROLLOUT}.max_num_seqs",),
+        verl_default=256,
+        vllm="max_num_seqs",
         cost="time: _generation concurrency (busy phase steps); memory: sampler logits",
         choices=lambda s, d: list(MAX_NUM_SEQS_CHOICES),
     ),
@@ -559,6 +690,9 @@ KNOBS: tuple[Knob, ...] = (
         group="rollout",
         help="vLLM without CUDA graphs",
         verl_keys=(f"{ROLLOUT}.enforce_eager",),
+        # rollout.yaml: "Default False to best performance"; verl 0.5 and older defaulted to True
+        verl_default=False,
+        vllm="enforce_eager",
         cost="time: _decode_step_s launch term (eager: every kernel launched from Python; "
         "graphs: one replay at the batch padded to vLLM's next capture size); memory: graph "
         "pool ignored (vLLM takes it out of the KV share)",
@@ -566,6 +700,11 @@ KNOBS: tuple[Knob, ...] = (
     ),
 )
 KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
+VERL_DEFAULT_MAX_NUM_SEQS: int = KNOB_BY_NAME["max_num_seqs"].verl_default
+"""`actor_rollout_ref.rollout.max_num_seqs` in verl 0.9.1's ppo_megatron_trainer (the knob's)."""
+VERL_DEFAULT_ENFORCE_EAGER: bool = KNOB_BY_NAME["enforce_eager"].verl_default
+"""`actor_rollout_ref.rollout.enforce_eager` in verl 0.9.1's rollout config (the knob's);
+verl releases before 2025-08-08 (0.5 and older) defaulted to True."""
 KNOB_GROUP_OF: dict[str, str] = {k.name: k.group for k in KNOBS if k.name != "layout"}
 """Each knob's CSV column (the record's layout degrees, then KNOB_COLUMN_TYPES) -> its group;
 the layout itself is the record's `train_parallel` column."""

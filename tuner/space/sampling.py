@@ -123,8 +123,9 @@ class SpaceLimits:
         return ",".join(parts)
 
     def added_at_default(self, old_summary: str) -> list[str]:
-        """Pinned parameters an older summary does not list whose value is the candidate's
-        default (verl's): a knob added to the table since, pinned where the older study ran."""
+        """Pinned parameters an older summary does not list whose value is the Candidate
+        field's default (verl's, unless `Knob.default_differs` says why not): a knob added to
+        the table since, pinned where the older study ran."""
         listed = {part.split("=", 1)[0] for part in old_summary.split(",")}
         fields_ = Candidate.__dataclass_fields__
         return [
@@ -309,9 +310,10 @@ class SearchSpace:
 
     def added_since(self, old: str) -> list[str]:
         """The pinned knobs this space lists and a study's older fingerprint `old` does not,
-        if they are all at the candidate's default (verl's) and account for the whole
-        difference, else []: a study made before a knob existed resumes when the runner pins
-        the new knob where verl's default, which the older study ran, put it."""
+        if they are all at the Candidate field's default and account for the whole difference,
+        else []: a study made before a knob existed resumes when the runner pins the new knob
+        at its field's default, verl's where `Knob.default_differs` is empty: what the older
+        study ran."""
         choices, _, wl = old.partition(f"|{WORKLOAD_TAG}")
         parts = choices.split("|")
         added = self.limits.added_at_default(parts[6] if len(parts) > 6 else "")
