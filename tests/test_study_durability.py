@@ -123,7 +123,7 @@ from tuner.models import REGISTRY
 from tuner.space import SearchSpace, sample
 from tuner.runners.estimate import EstimateRunner
 from tuner.workload import PRESETS
-st.HEARTBEAT_S, st.GRACE_S = 1, 1
+st.heartbeat.HEARTBEAT_S, st.heartbeat.GRACE_S = 1, 1
 name, url, worker = sys.argv[1:4]
 storage = st.open_storage(url, on_stale=st.enqueue_rerun)
 study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
@@ -198,8 +198,8 @@ def test_a_worker_of_another_host_that_died_is_reclaimed_by_its_heartbeat(
     """A worker on another host (its pid means nothing here) killed mid-trial: once its
     heartbeat is older than the grace period the next worker fails the trial and re-runs its
     candidate (it stayed RUNNING for good, counted as running elsewhere)."""
-    monkeypatch.setattr(storage, "HEARTBEAT_S", 1)
-    monkeypatch.setattr(storage, "GRACE_S", 1)
+    monkeypatch.setattr(storage.heartbeat, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(storage.heartbeat, "GRACE_S", 1)
     req = _on(kind, _request(workdir, 2), request)
     number = _worker_killed_mid_trial(req, "gpu-node-7:4242", reap=True)
     time.sleep(2.2)  # past the grace period (SQLite's clock counts whole seconds)
@@ -236,7 +236,7 @@ def test_a_worker_killed_before_it_enqueued_a_re_run_leaves_it_to_the_next(
         import tuner.study.storage as st
         name, url = sys.argv[1:3]
         study = optuna.load_study(study_name=name, storage=st.open_storage(url))
-        st.enqueue_rerun = lambda study, t: os.kill(os.getpid(), 9)  # dies between the two
+        st.reclaim.enqueue_rerun = lambda study, t: os.kill(os.getpid(), 9)  # dies between the two
         with st.study_lock(url, name) as locked_:
             st.reclaim_interrupted(study, locked_)
         """.replace("sys.argv[1:3]", repr([req.name, req.storage_url]))
@@ -315,7 +315,7 @@ import tuner.study.storage as st
 sys.path.insert(0, sys.argv[1])
 from test_study_durability import _request
 from tuner.runners.estimate import EstimateRunner
-st.HEARTBEAT_S = st.GRACE_S = loop.HEARTBEAT_S = 1
+st.heartbeat.HEARTBEAT_S = st.heartbeat.GRACE_S = loop.HEARTBEAT_S = 1
 
 class Slow(EstimateRunner):
     def run(self, spec):
@@ -336,8 +336,8 @@ def test_a_worker_suspended_past_the_grace_period_keeps_its_measurement(
     Continued, the worker finishes the trial: its measurement is kept in a trial of its own
     with the same params, and the worker goes on (it stopped with a traceback,
     UpdateFinishedTrialError, its measurement lost)."""
-    monkeypatch.setattr(storage, "HEARTBEAT_S", 1)
-    monkeypatch.setattr(storage, "GRACE_S", 1)
+    monkeypatch.setattr(storage.heartbeat, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(storage.heartbeat, "GRACE_S", 1)
     req = _request(workdir, 1)
     worker = subprocess.Popen(
         [sys.executable, "-c", _WORKER_SUSPENDED, str(Path(__file__).parent)],

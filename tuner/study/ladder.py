@@ -12,7 +12,8 @@ study's ordinary trials, counted by --trials); real verl confirms:
 A confirmation is a trial of its own (origin CONFIRM_ORIGIN<n>, source `verl`, its `extra`
 confirms=<n>) that does not count against --trials. Everything here is decided from the study's
 stored trials, so a killed study resumes where it was: a finished confirmation is not re-run,
-one interrupted mid-launch is run again (storage._rerun_due does not enqueue it as a screen)."""
+one interrupted mid-launch is run again (storage.reclaim._rerun_due does not enqueue it as a
+screen)."""
 
 from __future__ import annotations
 
