@@ -45,8 +45,8 @@ def main() -> None:
             rec = {k: v for k, v in seed[i % len(seed)].items() if k != LINE_KEY}
             rec["trial"] = i
             records.append({**rec, LINE_KEY: line_entry(rec)})  # as store_record keeps them
-        path = Path(d) / "big.csv"
-        label = storage_label(req.storage_url)
+        path = req.results_dir / "big.csv"  # beside its storage, as a study's CSV is
+        label = storage_label(req.storage_url, req.results_dir)
 
         t0 = time.perf_counter()
         write_leaderboard(path, records)
