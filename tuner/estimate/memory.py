@@ -119,7 +119,7 @@ class MemoryBreakdown:
     """cuBLAS / cuBLASLt / transformer-engine workspaces (inside the allocated peaks)."""
     cuda_context_gib: float = 0.0
     """CUDA context and loaded kernels of verl's process (outside PyTorch; the megatron runner's
-    worker holds its own in their place: device.memory_view `process_gib`)."""
+    worker holds its own in their place: view.memory_view `process_gib`)."""
     nccl_gib: float = 0.0
     """Buffers of the NCCL communicators the rank uses (outside PyTorch; device.nccl_gib)."""
     update_transient_gib: float = 0.0
@@ -143,7 +143,7 @@ class MemoryBreakdown:
     training_process_gib: float = 0.0
     """What verl 0.9.1's two processes add to old_log_prob's and update_actor's device totals:
     vLLM's worker asleep and the actor's retained memory (device.verl_training_outside_gib; 0
-    with `rollout_in_actor`; the megatron runner's view leaves it out, device.phase_devices)."""
+    with `rollout_in_actor`; the megatron runner's view leaves it out, view.phase_devices)."""
     log_prob_device_gib: float = 0.0
     """Device total of the log-prob passes: allocated + slack + context + NCCL + the above."""
     update_device_gib: float = 0.0
@@ -173,6 +173,20 @@ def _largest(g: float, lp: float, u: float) -> str:
     if g >= lp and g >= u:
         return "generation"
     return "old_log_prob" if lp >= u else "update_actor"
+
+
+DEVICE_OF = {
+    "generation": "generation_device_gib",
+    "old_log_prob": "log_prob_device_gib",
+    "update_actor": "update_device_gib",
+}
+"""Phase -> the MemoryBreakdown field of its device total."""
+ALLOCATED_OF = {
+    "generation": "generation_peak_gib",
+    "old_log_prob": "log_prob_peak_gib",
+    "update_actor": "update_peak_gib",
+}
+"""Phase -> the MemoryBreakdown field of its allocated peak."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,7 +240,7 @@ def local_norms(c: Candidate) -> bool:
     kernels (its RMSNorms are torch.nn.RMSNorm): the megatron-core runner's local layers turn
     off every fusion that needs them (tuner/runners/megatron.py MEGATRON_PINNED), verl's
     defaults keep them on. What its process holds outside PyTorch is the runner's, not the
-    layers' (device.memory_view `process_gib`)."""
+    layers' (view.memory_view `process_gib`)."""
     return not (c.bias_activation_fusion or c.apply_rope_fusion or c.gradient_accumulation_fusion)
 
 
@@ -444,7 +458,7 @@ def memory_of(
     kv = kv_cache_bytes(ctx, c)
     g = GIB
     # verl's processes; in the training phases the megatron runner's view puts its worker's
-    # in their place (device.memory_view `process_gib`), generation stays verl's whatever
+    # in their place (view.memory_view `process_gib`), generation stays verl's whatever
     # layers the worker builds (verl4k-h100-x1 trial 1 ran it at 72.6 GiB in real verl)
     nccl = _nccl_of(ctx, lay)
     outside = CUDA_CONTEXT_GIB + nccl
