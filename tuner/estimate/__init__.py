@@ -110,8 +110,8 @@ def estimate(
     leaderboards did not (generation.VLLM_ASYNC_SCHEDULING)."""
     pool = pools(c.rollout_gpus, cl)
     ctx = get_context(m, pool.trainer, w, profile or _DEFAULT_PROFILE)
+    mem = memory_of(ctx, c, verl_logits, rollout_in_actor=rollout_in_actor)
     t = phase_times_of(ctx, c, verl_logits, async_scheduling)
-    mem = memory_of(ctx, c, t.n_micro_update, verl_logits, rollout_in_actor=rollout_in_actor)
     step = t.step_s
     train_gpus = pool.trainer.num_gpus
     if pool.split:  # vLLM on its own GPUs, one step off-policy: tuner/estimate/split.py

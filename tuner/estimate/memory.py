@@ -25,7 +25,7 @@ from tuner.estimate.device import (
     verl_training_outside_gib,
 )
 from tuner.estimate.logits import DEFAULT_VERL, LOGIT_HELD_BYTES
-from tuner.estimate.micro_batches import peak_micro_tokens
+from tuner.estimate.micro_batches import micro_batches
 from tuner.estimate.profile import Profile
 from tuner.estimate.rollout_memory import kv_cache_bytes, verl_generation_gib
 from tuner.hardware import GIB, Cluster
@@ -371,15 +371,15 @@ def _stored_and_working(
 def memory_of(
     ctx: Context,
     c: Candidate,
-    n_micro_update: float = 0.0,
     verl_logits: str = DEFAULT_VERL,
     *,
     rollout_in_actor: bool = False,
 ) -> MemoryBreakdown:
-    """The per-phase peaks of candidate `c` (n_micro_update: micro-batches per mini-batch, for
-    how many are in flight under pipeline parallelism; 0 means 'at least pp'; `verl_logits`:
-    the verl release whose full-logits passes are counted, estimate/logits.py). Generation is
-    verl 0.9.1's, vLLM in a process of its own (rollout_memory.verl_generation_gib);
+    """The per-phase peaks of candidate `c`: the largest micro-batch of each pass and, under
+    pipeline parallelism, how many of the update's are in flight, from the micro-batch model
+    (estimate/micro_batches.py, which the time model reads too); `verl_logits`: the verl
+    release whose full-logits passes are counted (estimate/logits.py). Generation is verl
+    0.9.1's, vLLM in a process of its own (rollout_memory.verl_generation_gib);
     `rollout_in_actor`: one process holds both, as in verl <= 0.5's sync-mode rollout (the
     published reference runs: workers/rollout/vllm_rollout/vllm_rollout_spmd.py,
     distributed_executor_backend "external_launcher"), whose generation is its tensors +
@@ -401,8 +401,9 @@ def memory_of(
         fused_swiglu=c.bias_activation_fusion,
         local_norm=local_norms(c),
     )
-    tokens = peak_micro_tokens(ctx, c, log_prob=False)
-    in_flight = in_flight_micro_batches(lay, n_micro_update or lay.pp)
+    upd_batches = micro_batches(ctx, c, log_prob=False)
+    tokens = upd_batches.peak_tokens
+    in_flight = in_flight_micro_batches(lay, float(upd_batches.count))
     stored, working = _stored_and_working(ctx, c, tokens, per_layer, layers_stage)
     acts = stored * in_flight + working
     vocab_local = ctx.vocab / lay.tp
@@ -410,7 +411,7 @@ def memory_of(
     # the log-prob phase's peak is old_log_prob's (it computes the entropy, the ref pass not)
     held = LOGIT_HELD_BYTES[verl_logits]
     logits_upd = tokens * vocab_local * held["update_actor"]
-    lp_tokens = peak_micro_tokens(ctx, c, log_prob=True)
+    lp_tokens = micro_batches(ctx, c, log_prob=True).peak_tokens
     logits_lp = lp_tokens * vocab_local * held["old_log_prob"]
     if c.use_fused_kernels:
         head = vocab_local * ctx.hidden  # the output layer's weight on this rank

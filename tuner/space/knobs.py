@@ -422,7 +422,7 @@ KNOBS: tuple[Knob, ...] = (
             f"{ROLLOUT}.log_prob_use_dynamic_bsz",
         ),
         worker=WorkerKey("batch.use_dynamic_bsz", bool),
-        cost="time: micro-batch count (phase_times_of)",
+        cost="time and memory: micro-batch count and size (estimate/micro_batches.py)",
         choices=lambda s, d: [True, False],
     ),
     Knob(
