@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.estimate.context import get_context
+from tuner.estimate.micro_batches import micro_batches
 from tuner.estimate.profile import Profile
 from tuner.estimate.time import _layout_lin, phase_times_of
 from tuner.hardware import Cluster, get_gpu
@@ -89,10 +90,7 @@ def _row(file: str, r: dict[str, str]) -> Row:
     ctx = get_context(m, cl, w, Profile())
     t = phase_times_of(ctx, c)
     lin = _layout_lin(ctx, c)
-    if c.use_dynamic_bsz:
-        n_lp = math.ceil(ctx.tokens_step / c.log_prob_max_token_len_per_gpu)
-    else:
-        n_lp = math.ceil(ctx.samples / c.log_prob_micro_batch_size_per_gpu)
+    n_lp = micro_batches(ctx, c, log_prob=True).count
     per_micro_f = ctx.layers * lin.fwd_icpt + lin.head_fwd_icpt
     per_micro_fb = per_micro_f + ctx.layers * lin.bwd_icpt + lin.head_bwd_icpt
     lens = step_lengths(w, w.batch_size, 0)

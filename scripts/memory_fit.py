@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from tuner.estimate.device import (
-    DEVICE_OF,
     PHASE_HEADROOM_GIB,
     phase_headroom_gib,
     phases_unfit,
 )
+from tuner.estimate.memory import DEVICE_OF
 from tuner.fit.memory import (
     MemoryRow,
     fit_memory,

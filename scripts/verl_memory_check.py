@@ -24,13 +24,13 @@ from pathlib import Path
 from tuner.estimate import estimate
 from tuner.estimate.device import (
     CUDA_CONTEXT_GIB,
-    DEVICE_OF,
     VERL_ACTOR_RETAINED_GIB,
     VLLM_ASLEEP_GIB,
     VLLM_PROCESS_GIB,
     WORKSPACE_GIB,
     phases_unfit,
 )
+from tuner.estimate.memory import DEVICE_OF
 from tuner.fit.validate import Case, case_from_row
 from tuner.results import number, read_rows
 

@@ -1,6 +1,7 @@
 """The package's one-way layering: the estimator (and what it builds on) never imports the
-runners or the study, so it can be used, and tested, without them; and the cost model reads no
-CSV: fitting it to measured rows is tuner.fit's, above it."""
+runners or the study, so it can be used, and tested, without them; the cost model reads no
+CSV: fitting it to measured rows is tuner.fit's, above it; and inside the cost model each layer
+imports only the layers below it (ESTIMATE_ORDER)."""
 
 from __future__ import annotations
 
@@ -83,3 +84,119 @@ def test_optuna_is_used_through_its_public_api_only() -> None:
         if private.search(line) and "self._study_id" not in line
     ]
     assert not found, found
+
+
+ESTIMATE_ORDER = (
+    # foundations: the calibration constants, the per-study numbers, the logits' passes
+    "profile",
+    "context",
+    "logits",
+    # how a batch splits into micro-batches (over tuner.batching): memory and time read it
+    "micro_batches",
+    # device memory outside PyTorch: CUDA context, NCCL buffers, vLLM's process, slack, headroom
+    "device",
+    # phase memory: vLLM's share and KV cache, then each phase's peak
+    "rollout_memory",
+    "memory",
+    # phase time: generation, then every phase and the step
+    "generation",
+    "time",
+    # the split placement: each pool's times and memory
+    "split",
+    # the estimate
+    "__init__",
+    # readings of an estimate: what a runner sees of its memory, the text breakdown
+    "view",
+    "report_text",
+)
+"""Issue 31 item 5: the cost model's layers, lowest first. A module of tuner/estimate imports
+only modules listed before it, so a candidate's walk through the cost model flows one way
+(micro-batches -> device memory -> phase memory -> phase time -> estimate), never back up."""
+
+
+def _estimate_imports(path: Path) -> set[str]:
+    """The modules of tuner/estimate that `path` imports (anywhere in it: inside functions and
+    under TYPE_CHECKING too); a name the package exports counts as its __init__."""
+    out = set()
+    for name in _imports(path):
+        parts = name.split(".")
+        if parts[:2] != ["tuner", "estimate"]:
+            continue
+        mod = parts[2] if len(parts) > 2 else "__init__"
+        out.add(mod if (TUNER / "estimate" / f"{mod}.py").is_file() else "__init__")
+    return out
+
+
+def _upward(path: Path, module: str) -> list[str]:
+    """Imports of `module` (at `path`) that are not below it in ESTIMATE_ORDER."""
+    rank = {m: i for i, m in enumerate(ESTIMATE_ORDER)}
+    return sorted(
+        f"estimate/{module} imports estimate/{m}"
+        for m in _estimate_imports(path)
+        if rank.get(m, len(rank)) >= rank[module]
+    )
+
+
+def _module_path(name: str) -> Path | None:
+    """The file of tuner module `name`, or of the module a name imported from it lives in."""
+    parts = name.split(".")[1:]
+    while parts:
+        for p in (TUNER.joinpath(*parts).with_suffix(".py"), TUNER.joinpath(*parts, "__init__.py")):
+            if p.is_file():
+                return p
+        parts = parts[:-1]
+    return None
+
+
+def test_every_module_of_the_cost_model_has_its_layer() -> None:
+    modules = {p.stem for p in (TUNER / "estimate").glob("*.py")}
+    assert modules == set(ESTIMATE_ORDER), "place a new module of tuner/estimate in ESTIMATE_ORDER"
+
+
+def test_the_cost_model_flows_one_way() -> None:
+    """No module of tuner/estimate imports one at or above its own layer."""
+    bad = [line for m in ESTIMATE_ORDER for line in _upward(TUNER / "estimate" / f"{m}.py", m)]
+    assert not bad, bad
+
+
+def test_what_the_cost_model_builds_on_imports_nothing_of_it() -> None:
+    """The package modules below the cost model (tuner.batching, lengths, models, space, ...),
+    and everything they import in turn, import no module of tuner/estimate: no way back up
+    through another room."""
+    seen: set[Path] = set()
+    todo = [
+        p
+        for m in ESTIMATE_ORDER
+        for name in _imports(TUNER / "estimate" / f"{m}.py")
+        if name.startswith("tuner.") and not name.startswith("tuner.estimate")
+        if (p := _module_path(name)) is not None
+    ]
+    bad = []
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _imports(path):
+            if name == "tuner.estimate" or name.startswith("tuner.estimate."):
+                bad.append(f"{path.relative_to(TUNER.parent)} imports {name}")
+            elif name.startswith("tuner.") and (p := _module_path(name)) is not None:
+                todo.append(p)
+    assert TUNER / "batching.py" in seen
+    assert not bad, sorted(bad)
+
+
+def test_the_layering_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """The check itself: device memory importing phase memory, or the estimate's type under
+    TYPE_CHECKING, is caught; importing a lower layer is not."""
+    src = tmp_path / "device.py"
+    for line, caught in (
+        ("from tuner.estimate.memory import MemoryBreakdown", True),
+        ("if TYPE_CHECKING:\n    from tuner.estimate import Estimate", True),
+        ("def f():\n    from tuner.estimate.time import phase_times_of", True),
+        ("import tuner.estimate.device", True),
+        ("from tuner.estimate.context import Context", False),
+        ("from tuner.estimate.micro_batches import micro_batches", False),
+    ):
+        src.write_text(line + "\n")
+        assert bool(_upward(src, "device")) == caught, line

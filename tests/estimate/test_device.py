@@ -11,16 +11,15 @@ import pytest
 from tuner.estimate import estimate
 from tuner.estimate.device import (
     CUDA_CONTEXT_GIB,
-    DEVICE_OF,
     EAGER_NCCL_EXCESS_GIB,
     MEGATRON_WORKER_GIB,
     VERL_ACTOR_RETAINED_GIB,
     VLLM_ASLEEP_GIB,
     communicators,
     megatron_worker_gib,
-    memory_view,
-    phase_devices,
 )
+from tuner.estimate.memory import DEVICE_OF
+from tuner.estimate.view import memory_view, phase_devices
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import get_model
 from tuner.space import Candidate, ParallelLayout

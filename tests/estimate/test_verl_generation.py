@@ -329,7 +329,8 @@ def test_trial_4s_training_samples_hold_vllm_asleep_beside_the_actor() -> None:
 def test_the_anchors_and_the_megatron_runners_view_count_no_sleeping_vllm() -> None:
     """rollout_in_actor (verl <= 0.5) adds nothing to the training phases; the megatron runner's
     view puts its worker's memory in place of verl's context and the sleeping vLLM."""
-    from tuner.estimate.device import megatron_worker_gib, phase_devices
+    from tuner.estimate.device import megatron_worker_gib
+    from tuner.estimate.view import phase_devices
 
     c, _ = case("3")
     two, one = predict(c).memory, predict(c, rollout_in_actor=True).memory

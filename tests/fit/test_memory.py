@@ -11,7 +11,6 @@ import pytest
 from tuner.estimate import estimate
 from tuner.estimate.device import (
     CUDA_CONTEXT_GIB,
-    DEVICE_OF,
     EAGER_NCCL_EXCESS_GIB,
     MEGATRON_WORKER_GIB,
     MIN_HEADROOM_GIB,
@@ -20,6 +19,7 @@ from tuner.estimate.device import (
     phase_headroom_gib,
     phases_unfit,
 )
+from tuner.estimate.memory import DEVICE_OF
 from tuner.fit.memory import (
     MemoryRow,
     fit_memory,

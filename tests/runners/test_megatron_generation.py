@@ -22,8 +22,8 @@ from tuner.estimate.device import (
     CUDA_CONTEXT_GIB,
     MEGATRON_WORKER_GIB,
     megatron_worker_gib,
-    memory_view,
 )
+from tuner.estimate.view import memory_view
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import get_model
 from tuner.recipes import pinned_lines

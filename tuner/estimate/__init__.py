@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.estimate.context import get_context
-from tuner.estimate.device import DEVICE_OF, phases_unfit
+from tuner.estimate.device import phases_unfit
 from tuner.estimate.generation import VLLM_ASYNC_SCHEDULING
 from tuner.estimate.logits import DEFAULT_VERL
-from tuner.estimate.memory import MemoryBreakdown, memory_of
+from tuner.estimate.memory import DEVICE_OF, MemoryBreakdown, memory_of
 from tuner.estimate.profile import Profile, load_profile, save_profile
 from tuner.estimate.split import split_memory, split_step_s, split_sync_s, split_times
 from tuner.estimate.time import phase_times_of
@@ -110,8 +110,8 @@ def estimate(
     leaderboards did not (generation.VLLM_ASYNC_SCHEDULING)."""
     pool = pools(c.rollout_gpus, cl)
     ctx = get_context(m, pool.trainer, w, profile or _DEFAULT_PROFILE)
+    mem = memory_of(ctx, c, verl_logits, rollout_in_actor=rollout_in_actor)
     t = phase_times_of(ctx, c, verl_logits, async_scheduling)
-    mem = memory_of(ctx, c, t.n_micro_update, verl_logits, rollout_in_actor=rollout_in_actor)
     step = t.step_s
     train_gpus = pool.trainer.num_gpus
     if pool.split:  # vLLM on its own GPUs, one step off-policy: tuner/estimate/split.py

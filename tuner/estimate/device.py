@@ -31,17 +31,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from tuner.hardware import GIB, Cluster
 from tuner.headroom import MIN_HEADROOM_GIB as MIN_HEADROOM_GIB  # re-exported
 from tuner.headroom import PHASE_HEADROOM_GIB as PHASE_HEADROOM_GIB  # re-exported
 from tuner.headroom import phase_headroom_gib
 from tuner.space import ParallelLayout
-
-if TYPE_CHECKING:
-    from tuner.estimate import Estimate
-    from tuner.estimate.memory import MemoryBreakdown
 
 MIB = 1024**2
 
@@ -123,7 +118,7 @@ pass) + 2764 MiB (2.70 GiB): 1.05 GiB more, kept since its first log-prob and up
 too (`verl_training_outside_gib`): trial 4's updates of steps 2 and 3 sampled 43749 MiB, 4.05
 GiB over verl's reserved peak (38.67 GiB), where CUDA_CONTEXT_GIB + this + VLLM_ASLEEP_GIB count
 3.78; verl4k trial 3 (update peak) 70.53 GiB sampled, 4.16 over its reserved 66.37. The megatron
-runner's view counts its worker's MEGATRON_WORKER_GIB instead (memory_view `process_gib`)."""
+runner's view counts its worker's MEGATRON_WORKER_GIB instead (view.memory_view `process_gib`)."""
 
 NCCL_SIMPLE_BUFFER_MIB = 4.0
 """NCCL_BUFFSIZE default: the Simple protocol's buffer per connection (4 MiB)."""
@@ -284,7 +279,7 @@ def verl_training_outside_gib(rollout_tp: int, cluster: Cluster) -> float:
     """What verl 0.9.1's two processes hold in old_log_prob and update_actor beyond the actor's
     CUDA_CONTEXT_GIB and NCCL buffers, per GPU: the actor's VERL_ACTOR_RETAINED_GIB and vLLM's
     worker asleep (`vllm_outside_gib`). Not where vLLM ran in the actor's process (verl <= 0.5)
-    nor in the megatron runner's worker (`phase_devices` `process_gib` leaves it out)."""
+    nor in the megatron runner's worker (view.phase_devices `process_gib` leaves it out)."""
     return VERL_ACTOR_RETAINED_GIB + vllm_outside_gib(rollout_tp, cluster, asleep=True)
 
 
@@ -318,65 +313,8 @@ def phases_unfit(
     return why
 
 
-DEVICE_OF = {
-    "generation": "generation_device_gib",
-    "old_log_prob": "log_prob_device_gib",
-    "update_actor": "update_device_gib",
-}
-"""Phase -> the MemoryBreakdown field of its device total."""
-_ALLOCATED_OF = {
-    "generation": "generation_peak_gib",
-    "old_log_prob": "log_prob_peak_gib",
-    "update_actor": "update_peak_gib",
-}
-
-
 def megatron_worker_gib(*, eager_nccl: bool = False) -> float:
     """What the megatron runner's worker process holds outside PyTorch beside nccl_gib, per GPU:
     MEGATRON_WORKER_GIB, plus EAGER_NCCL_EXCESS_GIB where it initialised NCCL eagerly (a row
     measured before WORKER_NCCL_INIT)."""
     return MEGATRON_WORKER_GIB + (EAGER_NCCL_EXCESS_GIB if eager_nccl else 0.0)
-
-
-def phase_devices(
-    mem: MemoryBreakdown,
-    phases: tuple[str, ...],
-    *,
-    drop_reference: bool = False,
-    process_gib: float | None = None,
-) -> dict[str, float]:
-    """Each phase's device total as a runner sees it (`memory_view`'s `drop_reference` and
-    `process_gib`, which replaces verl's processes: its context and `training_process_gib`)."""
-    ref = mem.reference_gib if drop_reference else 0.0
-    verl = mem.cuda_context_gib + mem.training_process_gib
-    own = 0.0 if process_gib is None else process_gib - verl
-    return {
-        p: getattr(mem, DEVICE_OF[p]) - ref + (own if p != "generation" else 0.0) for p in phases
-    }
-
-
-def memory_view(
-    pred: Estimate,
-    cluster: Cluster,
-    *,
-    phases: tuple[str, ...] = ("generation", "old_log_prob", "update_actor"),
-    drop_reference: bool = False,
-    headroom_gib: float | None = None,
-    process_gib: float | None = None,
-) -> tuple[float, float, str, str]:
-    """(allocated peak, device total, its phase, why unfit or '') over the `phases` a runner
-    runs; `drop_reference` leaves out the reference model's weights (a runner that builds none);
-    `process_gib`: what the runner's training process holds outside PyTorch beside NCCL, in
-    place of verl's CUDA_CONTEXT_GIB and `verl_training_outside_gib` in the training phases
-    (the megatron runner's worker:
-    `megatron_worker_gib`; generation stays verl's). Unfit: a phase's device total + headroom >
-    the GPU's memory; the headroom is `headroom_gib`, else the one `pred` was estimated with
-    (`estimate(headroom_gib=...)`: the study's --headroom-gib where it gave one), else each
-    phase's own (`phase_headroom_gib`)."""
-    mem = pred.memory
-    ref = mem.reference_gib if drop_reference else 0.0
-    devices = phase_devices(mem, phases, drop_reference=drop_reference, process_gib=process_gib)
-    device, phase = max((d, p) for p, d in devices.items())
-    peak = max(getattr(mem, _ALLOCATED_OF[p]) - ref for p in phases)
-    headroom = pred.headroom_gib if headroom_gib is None else headroom_gib
-    return peak, device, phase, phases_unfit(devices, cluster.gpu.memory_gib, headroom)

@@ -25,7 +25,7 @@ from tuner.estimate.device import (
     verl_training_outside_gib,
 )
 from tuner.estimate.logits import DEFAULT_VERL, LOGIT_HELD_BYTES
-from tuner.estimate.micro_batches import peak_micro_tokens
+from tuner.estimate.micro_batches import micro_batches
 from tuner.estimate.profile import Profile
 from tuner.estimate.rollout_memory import kv_cache_bytes, verl_generation_gib
 from tuner.hardware import GIB, Cluster
@@ -119,7 +119,7 @@ class MemoryBreakdown:
     """cuBLAS / cuBLASLt / transformer-engine workspaces (inside the allocated peaks)."""
     cuda_context_gib: float = 0.0
     """CUDA context and loaded kernels of verl's process (outside PyTorch; the megatron runner's
-    worker holds its own in their place: device.memory_view `process_gib`)."""
+    worker holds its own in their place: view.memory_view `process_gib`)."""
     nccl_gib: float = 0.0
     """Buffers of the NCCL communicators the rank uses (outside PyTorch; device.nccl_gib)."""
     update_transient_gib: float = 0.0
@@ -143,7 +143,7 @@ class MemoryBreakdown:
     training_process_gib: float = 0.0
     """What verl 0.9.1's two processes add to old_log_prob's and update_actor's device totals:
     vLLM's worker asleep and the actor's retained memory (device.verl_training_outside_gib; 0
-    with `rollout_in_actor`; the megatron runner's view leaves it out, device.phase_devices)."""
+    with `rollout_in_actor`; the megatron runner's view leaves it out, view.phase_devices)."""
     log_prob_device_gib: float = 0.0
     """Device total of the log-prob passes: allocated + slack + context + NCCL + the above."""
     update_device_gib: float = 0.0
@@ -173,6 +173,20 @@ def _largest(g: float, lp: float, u: float) -> str:
     if g >= lp and g >= u:
         return "generation"
     return "old_log_prob" if lp >= u else "update_actor"
+
+
+DEVICE_OF = {
+    "generation": "generation_device_gib",
+    "old_log_prob": "log_prob_device_gib",
+    "update_actor": "update_device_gib",
+}
+"""Phase -> the MemoryBreakdown field of its device total."""
+ALLOCATED_OF = {
+    "generation": "generation_peak_gib",
+    "old_log_prob": "log_prob_peak_gib",
+    "update_actor": "update_peak_gib",
+}
+"""Phase -> the MemoryBreakdown field of its allocated peak."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,7 +240,7 @@ def local_norms(c: Candidate) -> bool:
     kernels (its RMSNorms are torch.nn.RMSNorm): the megatron-core runner's local layers turn
     off every fusion that needs them (tuner/runners/megatron.py MEGATRON_PINNED), verl's
     defaults keep them on. What its process holds outside PyTorch is the runner's, not the
-    layers' (device.memory_view `process_gib`)."""
+    layers' (view.memory_view `process_gib`)."""
     return not (c.bias_activation_fusion or c.apply_rope_fusion or c.gradient_accumulation_fusion)
 
 
@@ -357,15 +371,15 @@ def _stored_and_working(
 def memory_of(
     ctx: Context,
     c: Candidate,
-    n_micro_update: float = 0.0,
     verl_logits: str = DEFAULT_VERL,
     *,
     rollout_in_actor: bool = False,
 ) -> MemoryBreakdown:
-    """The per-phase peaks of candidate `c` (n_micro_update: micro-batches per mini-batch, for
-    how many are in flight under pipeline parallelism; 0 means 'at least pp'; `verl_logits`:
-    the verl release whose full-logits passes are counted, estimate/logits.py). Generation is
-    verl 0.9.1's, vLLM in a process of its own (rollout_memory.verl_generation_gib);
+    """The per-phase peaks of candidate `c`: the largest micro-batch of each pass and, under
+    pipeline parallelism, how many of the update's are in flight, from the micro-batch model
+    (estimate/micro_batches.py, which the time model reads too); `verl_logits`: the verl
+    release whose full-logits passes are counted (estimate/logits.py). Generation is verl
+    0.9.1's, vLLM in a process of its own (rollout_memory.verl_generation_gib);
     `rollout_in_actor`: one process holds both, as in verl <= 0.5's sync-mode rollout (the
     published reference runs: workers/rollout/vllm_rollout/vllm_rollout_spmd.py,
     distributed_executor_backend "external_launcher"), whose generation is its tensors +
@@ -387,8 +401,9 @@ def memory_of(
         fused_swiglu=c.bias_activation_fusion,
         local_norm=local_norms(c),
     )
-    tokens = peak_micro_tokens(ctx, c, log_prob=False)
-    in_flight = in_flight_micro_batches(lay, n_micro_update or lay.pp)
+    upd_batches = micro_batches(ctx, c, log_prob=False)
+    tokens = upd_batches.peak_tokens
+    in_flight = in_flight_micro_batches(lay, float(upd_batches.count))
     stored, working = _stored_and_working(ctx, c, tokens, per_layer, layers_stage)
     acts = stored * in_flight + working
     vocab_local = ctx.vocab / lay.tp
@@ -396,7 +411,7 @@ def memory_of(
     # the log-prob phase's peak is old_log_prob's (it computes the entropy, the ref pass not)
     held = LOGIT_HELD_BYTES[verl_logits]
     logits_upd = tokens * vocab_local * held["update_actor"]
-    lp_tokens = peak_micro_tokens(ctx, c, log_prob=True)
+    lp_tokens = micro_batches(ctx, c, log_prob=True).peak_tokens
     logits_lp = lp_tokens * vocab_local * held["old_log_prob"]
     if c.use_fused_kernels:
         head = vocab_local * ctx.hidden  # the output layer's weight on this rank
@@ -444,7 +459,7 @@ def memory_of(
     kv = kv_cache_bytes(ctx, c)
     g = GIB
     # verl's processes; in the training phases the megatron runner's view puts its worker's
-    # in their place (device.memory_view `process_gib`), generation stays verl's whatever
+    # in their place (view.memory_view `process_gib`), generation stays verl's whatever
     # layers the worker builds (verl4k-h100-x1 trial 1 ran it at 72.6 GiB in real verl)
     nccl = _nccl_of(ctx, lay)
     outside = CUDA_CONTEXT_GIB + nccl

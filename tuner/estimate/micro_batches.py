@@ -1,27 +1,30 @@
-"""Tokens per GPU of the largest micro-batch of a step, what the memory model must hold.
+"""How one DP rank's batch splits into micro-batches: the one model the memory model and the time
+model both read (`micro_batches`).
 
-With dynamic batching, verl cuts each rank's share into micro-batches balanced by tokens: the
-largest is planned on the megatron runner's own sample lengths where that is cheap
-(tuner.batching.plan_step), else estimated from the length distribution's moments.
+verl's Megatron actor (`rearrange_micro_batches`, verl/utils/seqlen_balancing.py; the rules are
+tuner.batching's) cuts each DP rank's share of a mini-batch (the update), or of the whole batch
+(a log-prob pass), into micro-batches: with dynamic batching ceil(tokens / (budget · cp)) of
+them, balanced by tokens; without it pieces of micro_batch_size_per_gpu samples; under
+interleaved pipelining the count rounded up to a multiple of pp (`micro_batch_count`). Each pass
+then runs `count` micro-batches of `mean_tokens` each (what the time model charges) and the
+largest holds `peak_tokens` (what the memory model must hold; the update's count also sets the
+micro-batches a pipeline keeps in flight).
+
+The largest micro-batch: with dynamic batching, planned on the megatron runner's own sample
+lengths where that is cheap (tuner.batching.plan_step), else the count rule applied to the
+largest share a rank is expected to see (`_analytic_peak_tokens`); with fixed batching, the
+micro-batch size at the step's longest sample.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from tuner.batching import DEFAULT_MINI_BATCHES, plan_step
 from tuner.estimate.context import Context
+from tuner.lengths import step_lengths
 from tuner.space import Candidate
-from tuner.workload import Workload
-
-
-def micro_batch_tokens(c: Candidate, w: Workload, log_prob: bool = False) -> float:
-    """Most tokens one GPU holds in one micro-batch (what memory must hold)."""
-    if c.use_dynamic_bsz:
-        budget = c.log_prob_max_token_len_per_gpu if log_prob else c.ppo_max_token_len_per_gpu
-        return float(max(budget, math.ceil(w.max_seq_len / c.layout.cp)))
-    mbs = c.log_prob_micro_batch_size_per_gpu if log_prob else c.ppo_micro_batch_size_per_gpu
-    return mbs * w.max_seq_len / c.layout.cp
-
 
 BATCH_PLAN_SEED = 0
 """Seed of the sample lengths the largest micro-batch is planned on: the megatron runner's
@@ -29,6 +32,82 @@ default (`tuner.runners.megatron.worker_spec(seed=0)`), so the plan is the one i
 BATCH_PLAN_MAX_SAMPLES = 4096
 """Above this many samples in the planned mini-batches the plan is not simulated (pure-Python
 partitioning; a cost model call must stay cheap) and the analytic estimate stands."""
+
+
+@dataclass(frozen=True, slots=True)
+class MicroBatches:
+    """One pass's micro-batches on one DP rank (the update: per mini-batch)."""
+
+    count: int
+    """Micro-batches of the rank's share (`micro_batch_count` of its mean share)."""
+    mean_tokens: float
+    """Tokens per GPU of a micro-batch: the rank's mean share over `count` and cp."""
+    peak_tokens: float
+    """Tokens per GPU of the largest micro-batch the step is expected to see
+    (`peak_micro_tokens`)."""
+
+
+def micro_batch_count(
+    c: Candidate, log_prob: bool, share_tokens: float, share_samples: float, multiple: int
+) -> int:
+    """Micro-batches verl cuts a rank's share of `share_tokens` tokens (dynamic batching: over
+    the token budget times cp) or of `share_samples` samples (fixed: over the micro-batch size)
+    into: at least one, rounded up to a multiple of `multiple` (pp under interleaving)."""
+    cp = c.layout.cp
+    if c.use_dynamic_bsz:
+        budget = c.log_prob_max_token_len_per_gpu if log_prob else c.ppo_max_token_len_per_gpu
+        n = math.ceil(share_tokens / (max(1, budget) * cp))
+    else:
+        mbs = c.log_prob_micro_batch_size_per_gpu if log_prob else c.ppo_micro_batch_size_per_gpu
+        n = math.ceil(share_samples / max(1, mbs))
+    n = max(1, n)
+    if n % multiple:
+        n += multiple - n % multiple
+    return n
+
+
+def micro_batches(ctx: Context, c: Candidate, log_prob: bool) -> MicroBatches:
+    """The micro-batches of the update (per mini-batch) or of a log-prob pass, on one DP rank.
+
+    The share is the rank's mean: the step's tokens over the DP ranks (and the mini-batches in
+    the update). In the update verl balances each mini-batch's samples over the ranks by
+    tokens; what is left is the granularity of one sample, and the slowest rank sets the pace,
+    so its share is one mean sample more. verl 0.9.1 rounds every batch's count, forward-only
+    ones too, to a multiple of microbatch_group_size_per_vp_stage (the pp size) under virtual
+    pipelining (workers/engine/megatron/transformer_impl.py forward_backward_batch). Cached
+    in the context per the knobs it reads: the memory and the time model each ask."""
+    lay = c.layout
+    key = (
+        "micro_batches",
+        log_prob,
+        lay.dp,
+        lay.cp,
+        lay.pp,
+        lay.vpp,
+        c.use_dynamic_bsz,
+        c.ppo_max_token_len_per_gpu,
+        c.log_prob_max_token_len_per_gpu,
+        c.ppo_micro_batch_size_per_gpu,
+        c.log_prob_micro_batch_size_per_gpu,
+    )
+    hit = ctx.layout_cache.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    dp = lay.dp
+    if log_prob:
+        tokens = ctx.tokens_step / dp
+        samples = ctx.samples / dp
+    else:
+        tokens = ctx.tokens_step / (dp * ctx.minis)
+        samples = ctx.samples / (dp * ctx.minis)
+        if dp > 1:
+            tokens += ctx.seq_mean
+    n = micro_batch_count(c, log_prob, tokens, samples, lay.pp if lay.vpp > 1 else 1)
+    out = MicroBatches(
+        count=n, mean_tokens=tokens / (n * lay.cp), peak_tokens=peak_micro_tokens(ctx, c, log_prob)
+    )
+    ctx.layout_cache[key] = out
+    return out
 
 
 def peak_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
@@ -42,12 +121,23 @@ def peak_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
     micro-batches on Qwen2.5-7B 8k (results/dense8k-h200-x2.csv, extra
     `update_actor_max_micro_batch_tokens`), and the model that capped them at the budget
     under-predicted the tp2 no-recompute rows by 18% (86.5 against 109.4 GiB allocated).
-    Where the plan cannot be made, `_analytic_micro_tokens`."""
+    Where the plan cannot be made, `_analytic_peak_tokens`.
+
+    Unlike the count (`micro_batches`), the largest micro-batch of a log-prob pass is found
+    without rounding the count to a multiple of pp under virtual pipelining, in the plan as in
+    the analytic estimate: fewer, so larger, micro-batches than verl 0.9.1 cuts there (kept:
+    the memory model's numbers are fitted with it)."""
     if c.use_dynamic_bsz:
-        planned = _planned_micro_tokens(ctx, c, log_prob)
+        planned = _planned_peak_tokens(ctx, c, log_prob)
         if planned is not None:
             return planned
-    return _analytic_micro_tokens(ctx, c, log_prob)
+    return _analytic_peak_tokens(ctx, c, log_prob)
+
+
+def _peak_multiple(c: Candidate, log_prob: bool) -> int:
+    """What the largest micro-batch's count is rounded to: pp in an interleaved update."""
+    lay = c.layout
+    return lay.pp if (lay.vpp > 1 and not log_prob) else 1
 
 
 _PLANS: dict[tuple[object, ...], float | None] = {}
@@ -56,22 +146,19 @@ _PLAN_LENGTHS: dict[tuple[object, ...], list[int]] = {}
 """The runner's drawn step lengths by (workload, mini-batches run)."""
 
 
-def _planned_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float | None:
+def _planned_peak_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float | None:
     """Largest micro-batch of the runner's batch plan, tokens per GPU (None: no plan)."""
     lay = c.layout
     budget = c.log_prob_max_token_len_per_gpu if log_prob else c.ppo_max_token_len_per_gpu
     if log_prob and not budget:
         budget = c.ppo_max_token_len_per_gpu
-    multiple = lay.pp if (lay.vpp > 1 and not log_prob) else 1
+    multiple = _peak_multiple(c, log_prob)
     # The plan depends on the workload, the layout's dp/cp and the budget only: cached per
     # process, not per context, so calibration (a new Profile, so a new context, per step)
     # does not rebuild it.
     key = (ctx.workload, log_prob, lay.dp, lay.cp, multiple, budget)
     if key in _PLANS:
         return _PLANS[key]
-    from tuner.batching import DEFAULT_MINI_BATCHES, plan_step
-    from tuner.lengths import step_lengths
-
     w = ctx.workload
     run = min(DEFAULT_MINI_BATCHES, max(1, w.mini_batches_per_step))
     out: float | None = None
@@ -97,19 +184,18 @@ def _planned_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float |
     return out
 
 
-def _analytic_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
+def _analytic_peak_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
     """Tokens per GPU of the largest micro-batch a step is expected to see, from the length
     distribution's moments alone.
 
     Without dynamic batching: the samples per micro-batch at the step's longest sample. With it,
-    verl (`rearrange_micro_batches`) cuts each DP rank's share of a mini-batch (of the whole batch
-    in a log-prob pass) into ceil(tokens / budget) micro-batches balanced by tokens (rounded up
-    to a multiple of pp under interleaving), so a micro-batch holds the share over that count,
-    plus about one sample of imbalance: never more than the budget, and less where the share is
-    smaller than the budget (the rows with a large budget were over-predicted when the model
-    took the budget itself; results/README.md). The share is the largest of the step's
-    mini-batches on any rank: mean + z sd over the samples, z for the maximum of that many draws
-    (at least 1)."""
+    the rank's largest share cut by `micro_batch_count`, so a micro-batch holds the share over
+    that count, plus about one sample of imbalance: never more than the budget, and less where
+    the share is smaller than the budget (the rows with a large budget were over-predicted when
+    the model took the budget itself; results/README.md). The share is the largest of the
+    step's mini-batches on any rank: mean + z sd over the samples, z for the maximum of that
+    many draws (at least 1), and one mean sample more for the balancing over DP ranks (in a
+    log-prob pass too, where `micro_batches`' mean share has none)."""
     lay = c.layout
     if not c.use_dynamic_bsz:
         mbs = c.log_prob_micro_batch_size_per_gpu if log_prob else c.ppo_micro_batch_size_per_gpu
@@ -123,9 +209,7 @@ def _analytic_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
     share = samples * ctx.seq_mean + z * math.sqrt(samples) * ctx.seq_sd
     if lay.dp > 1:
         share += ctx.seq_mean  # balancing over DP ranks leaves about one sample of difference
-    n = max(1, math.ceil(share / (budget * lay.cp)))
-    if not log_prob and lay.vpp > 1 and n % lay.pp:
-        n += lay.pp - n % lay.pp
+    n = micro_batch_count(c, log_prob, share, samples, _peak_multiple(c, log_prob))
     per = share / (n * lay.cp)
     if n > 1:
         per += ctx.seq_mean / lay.cp

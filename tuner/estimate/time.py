@@ -5,12 +5,13 @@ Every phase is built from the same few pieces, each a datasheet rate times a Pro
 GEMMs (a soft roofline: FLOPs at the GEMM rate plus bytes at the HBM rate), flash attention,
 elementwise memory traffic, NCCL collectives (bytes over NVLink or the network plus a latency),
 PCIe copies, and host time (Python and kernel launches that the GPU waits for). Per micro-batch
-costs are linear in its tokens, so a layout's coefficients are computed once and cached.
+costs are linear in its tokens, so a layout's coefficients are computed once and cached; how many
+micro-batches a pass runs and their tokens come from estimate/micro_batches.py, the model the
+memory model reads too.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from tuner.estimate.context import (
@@ -28,6 +29,7 @@ from tuner.estimate.memory import (
     params_local,
     separate_norms,
 )
+from tuner.estimate.micro_batches import micro_batches
 from tuner.estimate.profile import Profile
 from tuner.estimate.rollout_memory import kv_cache_bytes
 from tuner.hardware import Cluster
@@ -358,21 +360,9 @@ def phase_times_of(
     layers_stage = max(lay.stage_layers(ctx.layers)) if lay.uneven else ctx.layers / pp
     minis = ctx.minis
 
-    # --- actor update: micro-batches of the slowest DP rank in each mini-batch
-    rank_mini = ctx.tokens_step / (dp * minis)
-    samples_rank = ctx.samples / (dp * minis)
-    if dp > 1:
-        # verl balances each mini-batch's samples over the DP ranks by tokens; what is left is
-        # the granularity of one sample, and the slowest rank sets the pace
-        rank_mini += ctx.seq_mean
-    if c.use_dynamic_bsz:
-        n_micro = math.ceil(rank_mini / (max(1, c.ppo_max_token_len_per_gpu) * cp))
-    else:
-        n_micro = math.ceil(samples_rank / max(1, c.ppo_micro_batch_size_per_gpu))
-    n_micro = max(1, n_micro)
-    if vpp > 1 and n_micro % pp:
-        n_micro += pp - n_micro % pp
-    tok = rank_mini / (n_micro * cp)
+    # --- actor update: micro-batches of the slowest DP rank in each mini-batch (its mean share)
+    upd_batches = micro_batches(ctx, c, log_prob=False)
+    n_micro, tok = upd_batches.count, upd_batches.mean_tokens
     logit = _logits_slope(ctx, tp, c.use_fused_kernels, logit_bytes["update_actor"])
     fwd = layers_stage * (lin.fwd_slope * tok + lin.fwd_icpt)
     bwd = layers_stage * (lin.bwd_slope * tok + lin.bwd_icpt)
@@ -435,18 +425,8 @@ def phase_times_of(
     update = minis * per_mini + upd_offload + ctx.batch_bytes_update * ship
 
     # --- log-prob passes: each rank's whole share, balanced across ranks by verl
-    rank_tokens = ctx.tokens_step / dp
-    if c.use_dynamic_bsz:
-        n_lp = math.ceil(rank_tokens / (max(1, c.log_prob_max_token_len_per_gpu) * cp))
-    else:
-        n_lp = math.ceil(ctx.samples / dp / max(1, c.log_prob_micro_batch_size_per_gpu))
-    n_lp = max(1, n_lp)
-    if vpp > 1 and n_lp % pp:
-        # verl 0.9.1 splits every batch, forward-only ones too, into a multiple of
-        # microbatch_group_size_per_vp_stage (the pp size) under virtual pipelining
-        # (workers/engine/megatron/transformer_impl.py forward_backward_batch)
-        n_lp += pp - n_lp % pp
-    tok_lp = rank_tokens / (n_lp * cp)
+    lp_batches = micro_batches(ctx, c, log_prob=True)
+    n_lp, tok_lp = lp_batches.count, lp_batches.mean_tokens
     lp_micro = layers_stage * (lin.fwd_slope * tok_lp + lin.fwd_icpt)
     lp_micro += lin.head_fwd_slope * tok_lp + lin.head_fwd_icpt
     if pp > 1:

@@ -17,16 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.estimate.device import (
-    DEVICE_OF,
     MIN_HEADROOM_GIB,
     NCCL_INIT_KEY,
     WORKER_NCCL_INIT,
     megatron_worker_gib,
-    memory_view,
-    phase_devices,
     phases_unfit,
 )
-from tuner.estimate.memory import MemoryBreakdown
+from tuner.estimate.memory import DEVICE_OF, MemoryBreakdown
+from tuner.estimate.view import memory_view, phase_devices
 from tuner.fit.notes import excluded_rows
 from tuner.fit.validate import load_cases
 from tuner.results import number, parse_extra, read_rows

@@ -524,7 +524,7 @@ KNOBS: tuple[Knob, ...] = (
         default_differs="the tuner's starting value (the sampler draws both): micro-batches "
         "packed by tokens suit RL's varied response lengths",
         worker=WorkerKey("batch.use_dynamic_bsz", bool),
-        cost="time: micro-batch count (phase_times_of)",
+        cost="time and memory: micro-batch count and size (estimate/micro_batches.py)",
         choices=lambda s, d: [True, False],
     ),
     Knob(
