@@ -21,22 +21,24 @@ from pathlib import Path
 CLOCK_NAME = "log-clock.csv"
 CLOCK_PERIOD_S = 0.5
 
-MILESTONES: dict[str, tuple[str, bool]] = {
-    "driver": ("ray init kwargs", False),
-    "ray_up": ("Started a local Ray instance", False),
-    "actor_built": ("actor and ref model engine initialized", False),
-    "rollout_server": ("['serve',", False),
-    "rollout_graphs": ("Capturing CUDA graphs", True),
-    "training_loop": ("Training Progress", False),
+MILESTONES: dict[str, tuple[tuple[str, ...], bool]] = {
+    "driver": (("ray init kwargs",), False),
+    "ray_up": (("Started a local Ray instance", "Connected to Ray cluster"), False),
+    "actor_built": (("actor and ref model engine initialized",), False),
+    "rollout_server": (("['serve',",), False),
+    "rollout_graphs": (("Capturing CUDA graphs",), True),
+    "training_loop": (("Training Progress",), False),
 }
-"""Milestone -> (text of its log line, whether the last occurrence counts), in launch order, as
-verl 0.9.1 logged them on a 2 x H100 host (results/tail4k-h100-x2): trainer/main_ppo.py prints
-`ray init kwargs` once Hydra has composed the config, before ray.init; Ray's `Started a local
-Ray instance`; the TaskRunner's `actor and ref model engine initialized` once the Megatron
-workers are built; the vLLM server's argument list (`['serve',`) as each rollout server
-starts; vLLM's `Capturing CUDA graphs` progress, the last one when every server is ready;
-verl's tqdm bar `Training Progress` before step 1. (vLLM's INFO lines, `Model loading took`
-and the like, are not in verl's log: its servers log at WARNING.)"""
+"""Milestone -> (texts of its log line, any one of them; whether the last occurrence counts), in
+launch order, as verl 0.9.1 logged them on a 2 x H100 host (results/tail4k-h100-x2):
+trainer/main_ppo.py prints `ray init kwargs` once Hydra has composed the config, before
+ray.init; Ray's `Started a local Ray instance`, or `Connected to Ray cluster` where the driver
+joins the study's head (`--shared-ray`; ray/_private/worker.py, init); the TaskRunner's
+`actor and ref model engine initialized` once the Megatron workers are built; the vLLM server's
+argument list (`['serve',`) as each rollout server starts; vLLM's `Capturing CUDA graphs`
+progress, the last one when every server is ready; verl's tqdm bar `Training Progress` before
+step 1. (vLLM's INFO lines, `Model loading took` and the like, are not in verl's log: its
+servers log at WARNING.)"""
 _STEP_LINE = re.compile(rb"step:(\d+) - ")
 
 
@@ -120,8 +122,10 @@ def timeline(
     except OSError:
         return {}
     out: dict[str, float] = {}
-    for name, (needle, last) in MILESTONES.items():
-        pos = text.rfind(needle.encode()) if last else text.find(needle.encode())
+    for name, (needles, last) in MILESTONES.items():
+        found = [text.rfind(n.encode()) if last else text.find(n.encode()) for n in needles]
+        found = [p for p in found if p >= 0]
+        pos = (max(found) if last else min(found)) if found else -1
         t = time_of(points, pos) if pos >= 0 else None
         if t is not None:
             out[f"t_{name}_s"] = t
