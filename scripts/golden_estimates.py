@@ -30,10 +30,10 @@ from typing import Any
 from tuner.errors import UserError
 from tuner.estimate import Estimate, Profile, estimate
 from tuner.fileio import write_atomic
-from tuner.fit.validate import load_cases
+from tuner.fit.validate import load_cases, row_setup
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import get_model
-from tuner.results import number, read_rows
+from tuner.results import read_rows
 from tuner.space import Candidate, RandomSuggester, SearchSpace, sample
 from tuner.workload import Workload, get_workload
 
@@ -109,24 +109,7 @@ def leaderboard_cases() -> list[tuple[str, dict[str, Any]]]:
     for path in sorted((REPO / "results").glob("*.csv")):
         for i, row in enumerate(read_rows(path)):
             try:
-                cl = Cluster(
-                    gpu=get_gpu(row["gpu"]),
-                    num_gpus=int(row["num_gpus"]),
-                    gpus_per_node=int(row.get("gpus_per_node") or 8),
-                )
-                w = Workload(
-                    name=row.get("workload") or "custom",
-                    algorithm=row.get("algorithm") or "dapo",
-                    prompt_len=int(row["max_prompt_len"]),
-                    response_len=int(row["max_response_len"]),
-                    response_mean=int(round(number(row.get("response_mean_len")) or 0)),
-                    prompt_mean=int(round(number(row.get("prompt_mean_len")) or 0)),
-                    batch_size=int(row["bs"]),
-                    n=int(row["n"]),
-                    mini_batch_size=int(row["mini_bs"]),
-                )
-                c = Candidate.from_record(row, cl.num_gpus)
-                get_model(row["model"])
+                _, cl, w, c = row_setup(row)
             except (UserError, KeyError, ValueError) as err:
                 print(f"{path.name}:{i}: left out ({err})", file=sys.stderr)
                 continue

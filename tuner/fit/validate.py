@@ -353,7 +353,10 @@ def mfu_response_bound(row: dict[str, str], case: Case) -> int:
     return lo
 
 
-def _own_case(row: dict[str, str], status: str, measured: dict[str, float]) -> Case:
+def row_setup(row: dict[str, str]) -> tuple[ModelSpec, Cluster, Workload, Candidate]:
+    """The model, cluster, workload and candidate a leaderboard row of ours describes (its
+    columns as the CSV writes them). Raises UserError, KeyError or ValueError for a row that
+    does not name them."""
     model = get_model(row["model"])
     cluster = Cluster(
         gpu=get_gpu(row["gpu"]),
@@ -371,7 +374,11 @@ def _own_case(row: dict[str, str], status: str, measured: dict[str, float]) -> C
         n=int(row["n"]),
         mini_batch_size=int(row["mini_bs"]),
     )
-    cand = Candidate.from_record(row, cluster.num_gpus)
+    return model, cluster, workload, Candidate.from_record(row, cluster.num_gpus)
+
+
+def _own_case(row: dict[str, str], status: str, measured: dict[str, float]) -> Case:
+    model, cluster, workload, cand = row_setup(row)
     return Case(
         label=f"{row.get('study', '')}:{row.get('trial', '')}",
         candidate=cand,
