@@ -24,10 +24,11 @@ measured before the pruner stopped it) are listed after, not counted.
 
     python scripts/predicted_vs_measured.py results/verl4k-h100-x1.csv \
         results/gen-check-h100-x1.csv results/gen-check-local-h100-x1.csv \
-        results/gen8k-h100-x1.csv results/gen8k-h200-x1.csv \
+        results/gen8k-h100-x1.csv results/gen8k-h200-x1.csv results/tail4k-h100-x2.csv \
         --fit results/verl4k-h100-x1.csv results/gen-check-h100-x1.csv \
         results/gen-check-local-h100-x1.csv \
         --check results/gen8k-h100-x1.csv results/gen8k-h200-x1.csv \
+        results/tail4k-h100-x2.csv \
         > scripts/predicted_vs_measured.out.txt
 """
 
