@@ -152,6 +152,33 @@ class RayHead:
         if proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)  # what the head left of its group
+        if self._temp is not None:
+            # Ray starts some of its processes (its autoscaler monitor) outside the group;
+            # each names the head's temp folder on its command line
+            _kill_named(self._temp)
         if self._temp is not None and not keep_files:
             shutil.rmtree(self._temp, ignore_errors=True)
         self._temp = None
+
+
+def _named(text: str) -> list[int]:
+    """This host's processes whose command line holds `text` (from /proc; [] without it)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit() or int(d.name) == os.getpid():
+                continue
+            with contextlib.suppress(OSError):
+                if text.encode() in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+    return found
+
+
+def _kill_named(text: str, wait_s: float = STOP_GRACE_S) -> None:
+    """SIGKILL every process whose command line holds `text`, and wait until none is left."""
+    deadline = time.monotonic() + wait_s
+    while (pids := _named(text)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
