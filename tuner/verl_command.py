@@ -276,8 +276,13 @@ def format_value(v: Any) -> str:
         return f"{v:g}"
     s = str(v)
     if isinstance(v, str) and not _PLAIN.fullmatch(s):
-        return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return quoted(s)
     return s
+
+
+def quoted(s: str) -> str:
+    """`s` as a quoted string of Hydra's override grammar: a string whatever it looks like."""
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 RUNTIME_ENV_VARS = "+ray_kwargs.ray_init.runtime_env.env_vars"
@@ -289,10 +294,7 @@ schema declares only `runtime_env.py_executable`, hence the `+`)."""
 def runtime_env_args(env: dict[str, str]) -> list[str]:
     """`env` as overrides of verl's job runtime env, each value a quoted string (Ray takes
     strings only; Hydra would read `0` as an int)."""
-    return [
-        f"{RUNTIME_ENV_VARS}.{k}='" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
-        for k, v in env.items()
-    ]
+    return [f"{RUNTIME_ENV_VARS}.{k}={quoted(v)}" for k, v in env.items()]
 
 
 def override_args(ov: dict[str, Any]) -> list[str]:

@@ -317,7 +317,7 @@ class VerlRunner(Runner):
             env["PYTHONPATH"] = _with_tuner_on_path(env.get("PYTHONPATH"))
         env.update(self.compile_cache(trial_dir))
         job_env = env
-        if getattr(self.launcher, "shared_ray", False):
+        if self.launcher.shared_ray:
             # workers of a joined cluster take the head's environment: the trial's reaches them
             # through verl's job runtime env, and the head's own stays the study's (the trial's
             # metrics folder, the one key that differs per trial, is left out of it)
@@ -397,7 +397,7 @@ class VerlRunner(Runner):
             "vllm_compile_cache": "study" if cached else "verl",
             **data.describe(),
         }
-        if getattr(self.launcher, "shared_ray", False):  # start-up compared by scripts/launch_cost
+        if self.launcher.shared_ray:  # start-up compared by scripts/launch_cost
             extra["ray_cluster"] = "study"
         if spec.candidate.rollout_gpus:  # the row says what algorithm ran
             extra["placement"] = placement_label(spec.candidate.rollout_gpus, spec.cluster.num_gpus)

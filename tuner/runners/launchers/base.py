@@ -83,6 +83,13 @@ class Launcher(abc.ABC):
     def more_gpus_hint(self) -> str:
         return "lower --gpus or run where there are more"
 
+    @property
+    def shared_ray(self) -> bool:
+        """Whether the jobs join one Ray cluster the launcher keeps for the study (the local
+        launcher's `--shared-ray`), so a job's environment reaches the cluster's workers only
+        through the runtime env its driver passes."""
+        return False
+
     def close(self) -> None:
         """End what the launcher keeps between jobs (the local launcher's shared Ray head);
         the runner calls it when the study ends). Nothing by default."""

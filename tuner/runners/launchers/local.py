@@ -46,9 +46,12 @@ class LocalLauncher(Launcher):
         log_dir: Path | None = None,
     ) -> None:
         self._launch = launch
-        self.shared_ray = shared_ray
-        """One Ray head for all the jobs (`RayHead`), which each job's driver joins."""
         self._head = RayHead(python or sys.executable, log_dir=log_dir) if shared_ray else None
+        """One Ray head for all the jobs, which each job's driver joins (`shared_ray`)."""
+
+    @property
+    def shared_ray(self) -> bool:
+        return self._head is not None
 
     def ray_env(self, job: Job) -> dict[str, str]:
         """How the job's driver finds Ray: the study's head where it is shared (started with the

@@ -56,10 +56,8 @@ class RayHead:
     """The study's Ray head on this node; `driver_env(env)` starts it (or starts it again for
     another environment) and says how to join it; `stop()` ends it."""
 
-    def __init__(self, python: str, *, num_gpus: int | None = None, log_dir: Path | None = None):
+    def __init__(self, python: str, *, log_dir: Path | None = None):
         self.python = python
-        self.num_gpus = num_gpus
-        """GPUs the head declares (None: Ray counts them itself)."""
         self.log_dir = log_dir
         self._proc: subprocess.Popen[bytes] | None = None
         self._env: dict[str, str] | None = None
@@ -99,8 +97,6 @@ class RayHead:
             "--include-dashboard=false",
             "--disable-usage-stats",
         ]
-        if self.num_gpus is not None:
-            cmd.append(f"--num-gpus={self.num_gpus}")
         log_dir = Path(self.log_dir or self._temp)
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / "ray-head.log"
@@ -138,27 +134,23 @@ class RayHead:
         self.starts += 1
 
     def stop(self, keep_files: bool = False) -> None:
-        """End the head and everything it started (its process group), then its files."""
-        proc, self._proc, self._env = self._proc, None, None
+        """End the head and everything it started, then its files: SIGTERM to its process
+        group, and after STOP_GRACE_S SIGKILL to every process left that names the head's temp
+        folder on its command line (the group's, and those Ray starts outside it, such as its
+        autoscaler monitor)."""
+        proc, temp = self._proc, self._temp
+        self._proc = self._env = self._temp = None
         if proc is not None and proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            except ProcessLookupError:
-                pass
+        if temp is not None:
+            _kill_named(temp)
+            if not keep_files:
+                shutil.rmtree(temp, ignore_errors=True)
         if proc is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # what the head left of its group
-        if self._temp is not None:
-            # Ray starts some of its processes (its autoscaler monitor) outside the group;
-            # each names the head's temp folder on its command line
-            _kill_named(self._temp)
-        if self._temp is not None and not keep_files:
-            shutil.rmtree(self._temp, ignore_errors=True)
-        self._temp = None
+            proc.wait()  # reaped (it named the temp folder: killed above if it was left)
 
 
 def _named(text: str) -> list[int]:
