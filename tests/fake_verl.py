@@ -62,23 +62,28 @@ def lengths(ov: dict[str, str], step: int) -> dict[str, float]:
     return out
 
 
-def metrics(step: int, split: bool = False) -> dict[str, float]:
+def metrics(step: int, split: bool = False, n_gpus: int = 8) -> dict[str, float]:
     """The keys verl 0.9's trainer logs each step (a subset), with plausible values; `split`
     (actor_rollout_ref.hybrid_engine=False): as verl's one-step-off-policy trainer logs them,
-    `gen` the wait for the generation, `generate_async` the generation, and the sync."""
+    `gen` the wait for the generation, `generate_async` the generation, and the sync.
+    `perf/throughput` as verl computes it (trainer/ppo/metric_utils.py
+    `compute_throughout_metrics`): the step's tokens over its time and `n_gpus`, the GPUs of
+    verl's resource pools (`trainer.nnodes` x `trainer.n_gpus_per_node`: in a split, the
+    trainer's pool alone)."""
     step_s = 100.0 + step
     if split:
         return {
-            **metrics(step),
+            **metrics(step, n_gpus=n_gpus),
             "timing_s/gen": 5.0,
             "timing_s/generate_async": 50.0,
             "timing_s/sync_rollout_weights": 4.5,
         }
+    tokens = (1000.0 + 10 * step) * step_s * n_gpus  # verl's figure 1000 + 10 * step, exactly
     return {
         "training/global_step": step,
-        "perf/throughput": 1000.0 + 10 * step,
+        "perf/throughput": tokens / (step_s * n_gpus),
         "perf/time_per_step": step_s,
-        "perf/total_num_tokens": 8_000_000 + step,
+        "perf/total_num_tokens": tokens,
         "perf/max_memory_allocated_gb": 60.5,
         "perf/max_memory_reserved_gb": 70.25,
         "perf/mfu/actor": 0.31,
@@ -128,7 +133,8 @@ def main(argv: list[str]) -> int:
     steps = int(ov.get("trainer.total_training_steps", "3"))
     for step in range(1, steps + 1):
         split = ov.get("actor_rollout_ref.hybrid_engine") == "False"
-        data = {**metrics(step, split), **lengths(ov, step)}
+        n_gpus = int(ov.get("trainer.n_gpus_per_node", "8")) * int(ov.get("trainer.nnodes", "1"))
+        data = {**metrics(step, split, n_gpus), **lengths(ov, step)}
         if mode == "prompt1":
             data["prompt_length/mean"] = 1.0
         tracking.log(data=data, step=step)

@@ -33,6 +33,7 @@ from tuner.cli_args.values import (
     TOKENS,
     TRIAL_SECONDS,
     TRIALS,
+    VERL_STEPS,
     knob_value,
     real_in,
     whole_in,
@@ -177,6 +178,14 @@ def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
         help="an environment variable for every trial (repeatable); recorded in each row and "
         "the recipe (the preflight adds what the host needs, e.g. VLLM_USE_FLASHINFER_SAMPLER=0 "
         "where flashinfer is absent)",
+    )
+    _add_run_option(
+        g,
+        "--verl-steps",
+        type=whole_in(VERL_STEPS),
+        help=f"training steps of each trial ({VERL_STEPS.text}; default 3): the 3rd and every "
+        "later one are measured, the row their mean and how many (`measured_steps` in extra); "
+        "each step beyond the 3rd costs one steady step of launch time and steadies the figure",
     )
     _add_run_option(g, "--ray-address", help="the dashboard, http://<head>:8265")
     _add_run_option(

@@ -65,6 +65,7 @@ def verl_runner_options(args: argparse.Namespace) -> dict[str, Any]:
         "reward_fn": args.reward_fn,
         "ray_address": args.ray_address,
         "shared_ray": args.shared_ray,
+        "steps": args.verl_steps,
         "slurm_partition": args.slurm_partition,
         "slurm_account": args.slurm_account,
         "slurm_args": args.slurm_arg,

@@ -219,6 +219,49 @@ def test_wall_time_splits_into_start_up_warm_up_and_the_measured_step() -> None:
     assert split_wall_time({1: {"timing_s/step": 1.0}}, 3, 400.0, {}) == {}
 
 
+def test_later_steps_are_measured_too_and_the_row_says_how_many(tmp_path: Path) -> None:
+    """Issue 36 item 4: a run of 5 steps measures steps 3-5: each phase their mean, the
+    throughput their tokens over their time, the measured time their sum; the first step's
+    phases are kept beside (what it spends beyond a steady step)."""
+    spec = spec_for(tmp_path)
+    res = runner("ok", steps=5).run(spec)
+    assert res.status is Status.OK, res.reason
+    assert res.extra["step"] == 3 and res.extra["measured_steps"] == 3
+    assert res.step_s == pytest.approx(104.0)  # fake_verl: 100 + step
+    tokens = sum((1000.0 + 10 * s) * (100.0 + s) * 8 for s in (3, 4, 5))
+    assert res.tokens_per_s_per_gpu == pytest.approx(tokens / (103 + 104 + 105) / 8)
+    assert res.measured_s == pytest.approx(103 + 104 + 105)
+    assert (res.extra["step_s_min"], res.extra["step_s_max"]) == (103.0, 105.0)
+    assert res.extra["step1_s"] == 101.0 and res.extra["step1_update_actor_s"] == 25.0
+    cmd = (spec.trial_dir.resolve() / "command.sh").read_text()
+    assert "trainer.total_training_steps=5" in cmd
+
+
+def test_a_split_rows_pools_are_told_apart_by_when_their_memory_rose(tmp_path: Path) -> None:
+    """Issue 35 item 2: nvidia-smi's samples of a split run (timestamped); the actor's GPUs
+    fill before vLLM's (verl's one-step-off trainer builds the actor first), so the first
+    N - r GPUs to rise are the trainer's, whatever their indices."""
+    from tuner.runners.verl import pool_peaks, read_device_peak, read_device_samples
+
+    f = tmp_path / "device-memory.csv"
+    rows = []
+    for i, (g0, g1, g2, g3) in enumerate(
+        [(500, 500, 500, 500), (500, 30000, 500, 40000), (110000, 90000, 500, 60000)]
+    ):
+        t = f"2026/11/28 22:30:0{i}.500"
+        rows += [f"{t}, 0, {g0}", f"{t}, 1, {g1}", f"{t}, 2, {g2}", f"{t}, 3, {g3}"]
+    rows.append("2026/11/28 22:30:04.000, 2, 120000")
+    f.write_text("\n".join(rows) + "\n")
+    samples = read_device_samples(f)
+    assert samples[4] == (1.0, 0, 500.0) and samples[-1][0] == 3.5
+    peaks = pool_peaks(samples, trainer_gpus=2)
+    assert peaks["trainer_gpu_indices"] == "1+3"
+    assert peaks["trainer_device_peak_gib"] == round(90000 / 1024, 3)
+    assert peaks["rollout_device_peak_gib"] == round(120000 / 1024, 3)
+    assert read_device_peak(f) == round(120000 / 1024, 3)
+    assert pool_peaks(samples[:8], trainer_gpus=2) == {}  # the rollout's never rose
+
+
 def test_device_peak_is_the_largest_sample_of_any_gpu(tmp_path: Path) -> None:
     from tuner.runners.verl import read_device_peak
 
@@ -334,6 +377,12 @@ def test_a_split_trial_runs_one_step_off_and_its_row_says_so(tmp_path: Path) -> 
     assert res.status is Status.OK, res.reason
     assert (res.generation_s, res.reshard_s) == (50.0, 4.5)
     assert res.extra["gen_wait_s"] == 5.0
+    # issue 35: verl's perf/throughput counts its trainer pool alone (4 GPUs here); the row's is
+    # the step's tokens over its time and all 8 GPUs of the study, verl's kept apart by name
+    assert res.extra["verl_throughput"] == 1030.0
+    assert res.tokens_per_s_per_gpu == pytest.approx(1030.0 * 4 / 8)
+    tokens = res.extra["total_num_tokens"]
+    assert res.tokens_per_s_per_gpu == pytest.approx(tokens / (res.step_s * 8))
     assert res.extra["placement"] == "split r4+t4"
     assert res.extra["off_policy"] == "one-step-off"
     cmd = (spec.trial_dir.resolve() / "command.sh").read_text()

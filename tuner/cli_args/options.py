@@ -97,6 +97,7 @@ RUN_OPTIONS: dict[str, RunOption] = {
         RunOption(flag="--verl-bridge", runners=VERL),
         RunOption(flag="--verl-override", runners=VERL, default=()),
         RunOption(flag="--verl-env", runners=VERL, default=()),
+        RunOption(flag="--verl-steps", runners=VERL, default=3),
         RunOption(flag="--ray-address", runners=VERL, launcher="ray"),
         RunOption(flag="--shared-ray", runners=VERL, launcher="local", default=False),
         RunOption(flag="--slurm-partition", runners=VERL, launcher="slurm"),

@@ -99,6 +99,9 @@ STUDY_SECONDS = Bounds(low=1, high=30 * 86400, unit="s", why="30 days")
 # are bounded by it too); a launch ends as `timeout` after it; under a second none starts.
 STEPS = Bounds(low=1, high=1_000_000, unit="steps")
 """tune export --steps: trainer.total_training_steps."""
+VERL_STEPS = Bounds(low=1, high=100, unit="steps")
+"""tune run --verl-steps: the training steps of each verl trial, steps 3.. measured (a trial is
+a few minutes of start-up and tens of seconds a step: a hundred is already a long run)."""
 
 
 def _bounded(read: Callable[[str], float], bounds: Bounds, doc: str) -> Callable[[str], Any]:

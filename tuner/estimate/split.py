@@ -76,16 +76,34 @@ def split_times(t_train: PhaseTimes, t_roll: PhaseTimes, sync_s: float) -> Phase
     return t
 
 
+NCCL_ENGINE_BUFFERS = 2
+"""Buckets the NCCL checkpoint engine holds on each GPU of a sync, either side: a send and a
+receive buffer of `update_weights_bucket_megabytes` each (VERL_SYNC_BUCKET_BYTES), allocated by
+`prepare()` on every rollout worker and on every actor worker that sends or relays (all those on
+the source's node: `multi_sender` is its default) (verl 0.9.1
+checkpoint_engine/nccl_checkpoint_engine.py `NCCLCheckpointEngine.prepare`)."""
+NCCL_ENGINE_MASTER_KEPT = 2
+"""Of those, what the sync's source (actor rank 0) keeps for the rest of the step: its buffers
+are CuPy arrays (`prepare`: CuPy, not torch, on the master) and `finalize` only drops them, so
+CuPy's default memory pool keeps both blocks on the GPU through old_log_prob and the update
+(verl 0.9.1 frees that pool nowhere for this engine; only delta_checkpoint_engine.py calls
+`free_all_blocks`)."""
+
+
 def split_memory(ctx_r: Context, c: Candidate, mem: MemoryBreakdown) -> MemoryBreakdown:
     """Each pool's device totals on its own, from the trainer's colocated breakdown `mem`
     (computed on the trainer's pool): old_log_prob and update without vLLM's process asleep
-    beside the actor (`training_process_gib`); generation on the rollout's GPUs: vLLM's budget,
-    its process beyond it and the checkpoint engine's receive bucket, with no actor states; the
-    sync on the trainer's GPUs: the actor's states, the send bucket and its NCCL buffers (folded
-    into the generation phase's total, as colocated does, so the fit check sees it)."""
+    beside the actor (`training_process_gib`) but with the sync's buffers the source keeps
+    (NCCL_ENGINE_MASTER_KEPT); generation on the rollout's GPUs: vLLM's budget, its process
+    beyond it and the checkpoint engine's buffers (NCCL_ENGINE_BUFFERS), with no actor states;
+    the sync on the trainer's GPUs: the actor's states, the engine's buffers and its NCCL
+    buffers (folded into the generation phase's total, as colocated does, so the fit check
+    sees it)."""
     budget = c.gpu_memory_utilization * ctx_r.mem_bytes
+    bucket = VERL_SYNC_BUCKET_BYTES / GIB
     rollout_dev = (
-        (budget + VERL_SYNC_BUCKET_BYTES) / GIB
+        budget / GIB
+        + NCCL_ENGINE_BUFFERS * bucket
         + CUDA_CONTEXT_GIB
         + vllm_outside_gib(c.rollout_tp, ctx_r.cluster)
     )
@@ -94,8 +112,8 @@ def split_memory(ctx_r: Context, c: Candidate, mem: MemoryBreakdown) -> MemoryBr
         held += mem.grads_gib
     if not c.optimizer_offload:
         held += mem.optimizer_gib
-    sync_dev = held + VERL_SYNC_BUCKET_BYTES / GIB + mem.overhead_gib
-    training = mem.training_process_gib
+    sync_dev = held + NCCL_ENGINE_BUFFERS * bucket + mem.overhead_gib
+    kept = NCCL_ENGINE_MASTER_KEPT * bucket - mem.training_process_gib
     return replace(
         mem,
         rollout_gib=budget / GIB,
@@ -104,6 +122,6 @@ def split_memory(ctx_r: Context, c: Candidate, mem: MemoryBreakdown) -> MemoryBr
         rollout_process_gib=rollout_dev - budget / GIB,
         weight_sync_device_gib=sync_dev,
         training_process_gib=0.0,
-        log_prob_device_gib=mem.log_prob_device_gib - training,
-        update_device_gib=mem.update_device_gib - training,
+        log_prob_device_gib=mem.log_prob_device_gib + kept,
+        update_device_gib=mem.update_device_gib + kept,
     )

@@ -14,6 +14,7 @@ One trial, in order (each step a plain function of the previous one's output):
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gzip
 import importlib.util
 import os
@@ -54,6 +55,7 @@ from tuner.runners.launchers.slurm import require_slurm
 from tuner.runners.process import Launch, log_tail, run_process
 from tuner.runners.verl_log import (
     MEASURED_STEP,
+    StepMeasures,
     classify,
     last_exception,
     last_step,
@@ -340,12 +342,18 @@ class VerlRunner(Runner):
             prologue=probe_line(self.python),
             workdir=trial_dir,
         )
+        cache = Path(env["VLLM_CACHE_ROOT"]) if "VLLM_CACHE_ROOT" in env else None
+        before = count_files(cache)
         with (
             DeviceMemorySampler(trial_dir / SMI_LOG, enabled=self.launcher.name == "local"),
             LogClock(job.log_path, trial_dir / CLOCK_NAME),
         ):
             res = self.launcher.launch(job)
-        return self.result(spec, data, res, self.metrics_file(spec))
+        out = self.result(spec, data, res, self.metrics_file(spec))
+        if cache is not None:  # 0 new files: vLLM's compiled graphs came from the study's cache
+            out.extra["vllm_cache_files"] = before
+            out.extra["vllm_cache_new_files"] = count_files(cache) - before
+        return out
 
     def compile_cache(self, trial_dir: Path) -> dict[str, str]:
         """The trial's vLLM compile-cache environment: the study's own cache on the local
@@ -373,11 +381,22 @@ class VerlRunner(Runner):
         metrics_file = self.metrics_file(spec)
         log_path = _log_of(spec.trial_dir.resolve())
         steps, _ = _read_steps(metrics_file, log_path)
-        if measures(steps, self.steps) is None:
+        if self.measured(steps, spec) is None:
             return None
         unseen = LaunchResult(returncode=None, timed_out=False, duration_s=0.0, log_path=log_path)
         res = self.result(spec, self.dataset(spec), unseen, metrics_file)
         return res if res.status is Status.OK else None
+
+    @property
+    def first_measured(self) -> int:
+        """The first step a row measures: the 3rd (MEASURED_STEP), or the last of a shorter
+        run; every later step of the run is measured too (`measures`' window)."""
+        return min(MEASURED_STEP, self.steps)
+
+    def measured(self, steps: dict[int, dict[str, float]], spec: TrialSpec) -> StepMeasures | None:
+        """The row's measures: steps first_measured .. self.steps, the throughput over every
+        GPU of the study (verl_log.throughput)."""
+        return measures(steps, self.first_measured, last=self.steps, num_gpus=spec.cluster.num_gpus)
 
     # ----------------------------------------------------------------------------------------
 
@@ -388,7 +407,7 @@ class VerlRunner(Runner):
         log = log_text_tail(res.log_path)
         head = _head(res.log_path)
         steps, source = _read_steps(metrics_file, res.log_path, log)
-        got = measures(steps, self.steps)
+        got = self.measured(steps, spec)
         w = spec.workload
         cached = self.compile_cache(spec.trial_dir.resolve())
         extra: dict[str, Any] = {
@@ -412,13 +431,17 @@ class VerlRunner(Runner):
             "versions": _versions(head),
             "log_path": str(res.log_path),
         }
-        device = read_device_peak(spec.trial_dir.resolve() / SMI_LOG)
-        if device is not None:
-            common["peak_mem_device_gib"] = device
+        samples = read_device_samples(spec.trial_dir.resolve() / SMI_LOG)
+        if samples:
+            common["peak_mem_device_gib"] = round(max(mib for _, _, mib in samples) / 1024, 3)
             extra["device_mem_sampled"] = "nvidia-smi"
+        if spec.candidate.rollout_gpus:  # each pool's device peak beside its prediction
+            trainer_gpus = spec.cluster.num_gpus - spec.candidate.rollout_gpus
+            extra.update(pool_peaks(samples, trainer_gpus))
+            extra.update(predicted_pools(spec.prediction))
         if got is not None:
-            extra.update(got.extra, metrics=source, step=got.step)
-            common.update(split_wall_time(steps, self.steps, res.duration_s, extra))
+            extra.update(got.extra, metrics=source, step=got.step, measured_steps=got.count)
+            common.update(split_wall_time(steps, got.step, res.duration_s, extra))
             extra.update(
                 timeline(
                     res.log_path,
@@ -501,6 +524,13 @@ def compile_cache_env(env: dict[str, str], folder: Path) -> dict[str, str]:
     return {"VLLM_DISABLE_COMPILE_CACHE": "0", "VLLM_CACHE_ROOT": str(folder)}
 
 
+def count_files(folder: Path | None) -> int:
+    """Files under `folder` (0 for none): a compile cache's size before and after a launch."""
+    if folder is None or not folder.is_dir():
+        return 0
+    return sum(1 for p in folder.rglob("*") if p.is_file())
+
+
 WORKLOAD_TOLERANCE = 0.05
 """How far verl's measured prompt or response mean may be off what the trial asked for."""
 
@@ -562,6 +592,8 @@ def _with_tuner_on_path(pythonpath: str | None) -> str:
 
 SMI_LOG = "device-memory.csv"
 SMI_PERIOD_MS = 500
+SMI_TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
+"""nvidia-smi's `timestamp` field (`--query-gpu=timestamp`), e.g. 2026/11/28 22:30:01.123."""
 
 
 class DeviceMemorySampler:
@@ -580,7 +612,7 @@ class DeviceMemorySampler:
                 self._proc = subprocess.Popen(
                     [
                         "nvidia-smi",
-                        "--query-gpu=index,memory.used",
+                        "--query-gpu=timestamp,index,memory.used",
                         "--format=csv,noheader,nounits",
                         f"-lms={SMI_PERIOD_MS}",
                     ],
@@ -599,17 +631,86 @@ class DeviceMemorySampler:
 
 def read_device_peak(path: Path) -> float | None:
     """The largest `memory.used` (MiB) of any GPU in a sampler file, in GiB; None if none."""
-    peak = -1.0
+    samples = read_device_samples(path)
+    if not samples:
+        return None
+    return round(max(mib for _, _, mib in samples) / 1024, 3)
+
+
+def read_device_samples(path: Path) -> list[tuple[float, int, float]]:
+    """(seconds since the first sample, GPU index, MiB used) of a sampler file: lines of
+    `timestamp, index, memory.used` (DeviceMemorySampler) or, in files written before it kept
+    the time, `index, memory.used`, timed by their order (one round of every GPU each
+    SMI_PERIOD_MS)."""
+    out: list[tuple[float, int, float]] = []
     try:
         text = path.read_text(errors="replace")
     except OSError:
-        return None
+        return out
+    start: datetime.datetime | None = None
+    rounds: dict[int, int] = {}
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2:
-            with contextlib.suppress(ValueError):
-                peak = max(peak, float(parts[1]))
-    return round(peak / 1024, 3) if peak >= 0 else None
+        try:
+            if len(parts) == 3:
+                when = datetime.datetime.strptime(parts[0], SMI_TIME_FORMAT)
+                start = start or when
+                t = (when - start).total_seconds()
+                gpu, mib = int(parts[1]), float(parts[2])
+            elif len(parts) == 2:
+                gpu, mib = int(parts[0]), float(parts[1])
+                rounds[gpu] = rounds.get(gpu, -1) + 1
+                t = rounds[gpu] * SMI_PERIOD_MS / 1000
+            else:
+                continue
+        except ValueError:
+            continue
+        out.append((t, gpu, mib))
+    return out
+
+
+def predicted_pools(pred: Any) -> dict[str, float]:
+    """A split candidate's predicted device total of each pool (estimate/split.py
+    `split_memory`): the trainer's largest phase (old_log_prob, update, the weight sync's send
+    side) and the rollout's vLLM (its budget and its process beyond it)."""
+    mem = getattr(pred, "memory", None)
+    if mem is None:
+        return {}
+    trainer = max(mem.log_prob_device_gib, mem.update_device_gib, mem.weight_sync_device_gib)
+    return {
+        "pred_trainer_device_gib": round(trainer, 2),
+        "pred_rollout_device_gib": round(mem.rollout_gib + mem.rollout_process_gib, 2),
+    }
+
+
+POOL_RISE_MIB = 4096
+"""A GPU has joined its pool once this much of it is used: the actor's weights on the trainer's
+GPUs, vLLM's on the rollout's (an idle H100 or H200 holds well under 1 GiB)."""
+
+
+def pool_peaks(
+    samples: list[tuple[float, int, float]], trainer_gpus: int
+) -> dict[str, float | str]:
+    """A split row's device peak of each pool, in GiB, from its nvidia-smi samples: verl 0.9.1's
+    one-step-off trainer builds the actor (`_init_models`) before it starts the rollout's
+    servers (`_init_async_rollout_manager`; experimental/one_step_off_policy/ray_trainer.py
+    `init_workers`), so the `trainer_gpus` GPUs whose memory rose first (POOL_RISE_MIB) are the
+    trainer's, the others the rollout's. {} where fewer GPUs than that rose."""
+    rise: dict[int, float] = {}
+    peak: dict[int, float] = {}
+    for t, gpu, mib in samples:
+        peak[gpu] = max(peak.get(gpu, 0.0), mib)
+        if mib >= POOL_RISE_MIB and gpu not in rise:
+            rise[gpu] = t
+    if len(rise) <= trainer_gpus:
+        return {}
+    order = sorted(rise, key=lambda g: (rise[g], g))
+    trainer, rollout = order[:trainer_gpus], [g for g in peak if g not in order[:trainer_gpus]]
+    return {
+        "trainer_device_peak_gib": round(max(peak[g] for g in trainer) / 1024, 3),
+        "rollout_device_peak_gib": round(max(peak[g] for g in rollout) / 1024, 3),
+        "trainer_gpu_indices": "+".join(str(g) for g in sorted(trainer)),
+    }
 
 
 def step_times(steps: dict[int, dict[str, float]]) -> dict[int, float]:
@@ -621,17 +722,40 @@ def split_wall_time(
     steps: dict[int, dict[str, float]], measured_step: int, duration_s: float, extra: dict
 ) -> dict[str, float]:
     """The trial's wall time in start-up (launch to the first step: Ray, the vLLM server,
-    Megatron, weights; teardown included), warm-up steps and the measured step, from verl's
-    `timing_s/step` of each step. `launch_s` and `measured_s` fields; warm-up into `extra`."""
+    Megatron, weights; teardown included), warm-up steps and the measured steps (`measured_step`
+    and every later one), from verl's `timing_s/step` of each step. `launch_s` and `measured_s`
+    fields; warm-up and the first step's phases (FIRST_STEP_PHASES, what it spent beyond a
+    steady step) into `extra`."""
     times = step_times(steps)
     if measured_step not in times:
         return {}
     warmup = sum(t for s, t in times.items() if s < measured_step)
     extra["warmup_s"] = round(warmup, 1)
-    out = {"measured_s": times[measured_step]}
+    first = min(times)
+    if first < measured_step:
+        extra["step1_s"] = round(times[first], 2)
+        timed = 0.0
+        for name, key in FIRST_STEP_PHASES.items():
+            if key in steps[first]:
+                extra[f"step1_{name}_s"] = round(steps[first][key], 2)
+                timed += steps[first][key]
+        extra["step1_untimed_s"] = round(max(0.0, times[first] - timed), 2)
+    out = {"measured_s": sum(t for s, t in times.items() if s >= measured_step)}
     if duration_s > 0:
         out["launch_s"] = max(0.0, duration_s - sum(times.values()))
     return out
+
+
+FIRST_STEP_PHASES = {
+    "gen": "timing_s/gen",
+    "old_log_prob": "timing_s/old_log_prob",
+    "ref": "timing_s/ref",
+    "update_actor": "timing_s/update_actor",
+    "update_weights": "timing_s/update_weights",
+}
+"""The first step's phases a row keeps (`step1_<name>_s` in `extra`), verl 0.9.1's timers of the
+step (trainer/ppo/ray_trainer.py `fit`: `marked_timer`), beside `step1_untimed_s`, the step less
+them: the first step against a steady one, phase by phase (scripts/launch_cost.py)."""
 
 
 def _read_steps(

@@ -131,33 +131,98 @@ def read_console(text: str) -> dict[int, dict[str, float]]:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepMeasures:
-    """One step's numbers in TrialResult's units."""
+    """The measured steps' numbers in TrialResult's units."""
 
     step: int
+    """The first measured step."""
     fields: dict[str, float]
     """TrialResult field -> value (verl_mfu_actor_pct in percent)."""
     extra: dict[str, float] = field(default_factory=dict)
+    count: int = 1
+    """How many steps were measured (`step` .. `step + count - 1`)."""
 
 
-def measures(steps: dict[int, dict[str, float]], step: int = MEASURED_STEP) -> StepMeasures | None:
-    """The step's measures, or None if verl did not log that step's throughput."""
-    data = steps.get(step)
-    if not data or "perf/throughput" not in data:
+PEAK_FIELDS = ("peak_mem_gib", "peak_mem_reserved_gib")
+"""Fields whose value over several measured steps is their largest, not their mean."""
+VERL_THROUGHPUT = "verl_throughput"
+"""verl's own `perf/throughput` in a row's `extra`: tokens/s over the GPUs of verl's resource
+pools, `compute_throughout_metrics` in verl/trainer/ppo/metric_utils.py dividing by
+`resource_pool_manager.get_n_gpus()`, which in the one-step-off trainer is the trainer's pool
+alone. The row's `tokens_per_s_per_gpu` is the project's own figure (`throughput`)."""
+
+
+def throughput(tokens: float, step_s: float, num_gpus: int) -> float:
+    """The leaderboard's tokens/s/GPU: the step's tokens over its time and every GPU the study
+    uses, whatever the placement (a split's rollout GPUs count as much as its trainer's)."""
+    return tokens / step_s / num_gpus if step_s > 0 and num_gpus > 0 else 0.0
+
+
+def measures(
+    steps: dict[int, dict[str, float]],
+    step: int = MEASURED_STEP,
+    *,
+    last: int | None = None,
+    num_gpus: int | None = None,
+) -> StepMeasures | None:
+    """The measures of steps `step` .. `last` (default: `step` alone): each phase's mean over the
+    steps logged in that window, the peaks their largest; None if `step` itself was not logged.
+    With `num_gpus` (the study's GPUs) the throughput is the project's: the window's
+    `perf/total_num_tokens` over its time and `num_gpus`; verl's own figure goes to `extra` as
+    VERL_THROUGHPUT. Without it, or without verl's token count, verl's figure is the row's."""
+    first = steps.get(step)
+    if not first or "perf/throughput" not in first:
         return None
+    window = [
+        steps[s]
+        for s in range(step, max(step, last or step) + 1)
+        if "perf/throughput" in steps.get(s, {})
+    ]
+    per_step = [_step_fields(d) for d in window]
+    out: dict[str, float] = {}
+    for f in {k for fields in per_step for k in fields}:
+        values = [fields[f] for fields in per_step if f in fields]
+        out[f] = max(values) if f in PEAK_FIELDS else sum(values) / len(values)
+    extra_steps = [
+        {f: v for f, k in EXTRA.items() if (v := _metric(d, k)) is not None} for d in window
+    ]
+    extra: dict[str, float] = {}
+    for f in {k for e in extra_steps for k in e}:
+        values = [e[f] for e in extra_steps if f in e]
+        extra[f] = max(values) if f == "response_length_max" else sum(values) / len(values)
+    if "gen_wait_s" in out:  # a split step's wait for its generation: not a row field
+        extra["gen_wait_s"] = out.pop("gen_wait_s")
+    verl_tps = out.get("tokens_per_s_per_gpu")
+    tokens = [d.get("perf/total_num_tokens") for d in window]
+    times = [fields.get("step_s") for fields in per_step]
+    if num_gpus and all(t is not None for t in tokens) and all(t is not None for t in times):
+        out["tokens_per_s_per_gpu"] = throughput(
+            sum(t for t in tokens if t is not None),
+            sum(t for t in times if t is not None),
+            num_gpus,
+        )
+        if verl_tps is not None:
+            extra[VERL_THROUGHPUT] = round(verl_tps, 3)
+    if len(window) > 1 and all(t is not None for t in times):
+        step_s = [t for t in times if t is not None]
+        extra["step_s_min"], extra["step_s_max"] = min(step_s), max(step_s)
+    return StepMeasures(step=step, fields=out, extra=extra, count=len(window))
+
+
+def _step_fields(data: dict[str, float]) -> dict[str, float]:
+    """One step's TrialResult fields (a split step's generation is its whole generation, its
+    wait kept as gen_wait_s)."""
     out = {f: v for f, k in FIELDS.items() if (v := _metric(data, k)) is not None}
     if "step_s" not in out and "timing_s/step" in data:
         out["step_s"] = data["timing_s/step"]
-    extra_split: dict[str, float] = {}
     if SPLIT_GENERATION in data:  # one-step-off: `gen` is the wait, the generation is this
         if "generation_s" in out:
-            extra_split["gen_wait_s"] = out["generation_s"]
+            out["gen_wait_s"] = out["generation_s"]
         out["generation_s"] = data[SPLIT_GENERATION]
         if SPLIT_SYNC in data:
             out["reshard_s"] = data[SPLIT_SYNC]
     if "perf/mfu/actor" in data:
         out["verl_mfu_actor_pct"] = 100.0 * data["perf/mfu/actor"]
-    extra = {f: v for f, k in EXTRA.items() if (v := _metric(data, k)) is not None}
-    return StepMeasures(step=step, fields=out, extra={**extra, **extra_split})
+    return out
 
 
 def _metric(data: dict[str, float], key: str) -> float | None:

@@ -28,6 +28,7 @@ MILESTONES: dict[str, tuple[tuple[str, ...], bool]] = {
     "rollout_server": (("['serve',",), False),
     "rollout_graphs": (("Capturing CUDA graphs",), True),
     "training_loop": (("Training Progress",), False),
+    "agent_loop": (("(AgentLoopWorker",), False),
 }
 """Milestone -> (texts of its log line, any one of them; whether the last occurrence counts), in
 launch order, as verl 0.9.1 logged them on a 2 x H100 host (results/tail4k-h100-x2):
@@ -37,7 +38,9 @@ joins the study's head (`--shared-ray`; ray/_private/worker.py, init); the TaskR
 `actor and ref model engine initialized` once the Megatron workers are built; the vLLM server's
 argument list (`['serve',`) as each rollout server starts; vLLM's `Capturing CUDA graphs`
 progress, the last one when every server is ready; verl's tqdm bar `Training Progress` before
-step 1. (vLLM's INFO lines, `Model loading took` and the like, are not in verl's log: its
+step 1; the first line of an agent-loop worker (`(AgentLoopWorker...` as Ray prefixes it), which
+verl 0.9.1 starts only when step 1 first generates, so its start-up falls in the first step.
+(vLLM's INFO lines, `Model loading took` and the like, are not in verl's log: its
 servers log at WARNING.)"""
 _STEP_LINE = re.compile(rb"step:(\d+) - ")
 

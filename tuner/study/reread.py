@@ -161,6 +161,13 @@ def _fill(number: int, d: dict[str, Any], results_dir: Path, name: str) -> Fill:
     step = extra.get("step") if isinstance(extra, dict) else None
     if not isinstance(step, int) or step < 1:
         step = verl_log.MEASURED_STEP  # the step the row reports, as the runner recorded it
+    count = extra.get("measured_steps") if isinstance(extra, dict) else None
+    if not isinstance(count, int) or count < 1:
+        count = 1  # rows before several steps were measured report one
+    # a row that kept verl's own figure apart has the project's throughput, over the study's
+    # GPUs (verl_log.throughput); one recorded before that has verl's, which it is checked with
+    ours_kept = isinstance(extra, dict) and verl_log.VERL_THROUGHPUT in extra
+    gpus = d.get("num_gpus") if ours_kept and isinstance(d.get("num_gpus"), int) else None
     found = [p for p in _logs(folder) if p.is_file()]
     if not found:
         return Fill(
@@ -170,7 +177,7 @@ def _fill(number: int, d: dict[str, Any], results_dir: Path, name: str) -> Fill:
         )
     why = ""
     for path in found:
-        got = verl_log.measures(_steps(path), step)
+        got = verl_log.measures(_steps(path), step, last=step + count - 1, num_gpus=gpus)
         rel = path.relative_to(results_dir).as_posix()
         if got is None:
             why = why or f"nothing filled: {rel} holds no step-{step} metrics"
