@@ -31,6 +31,11 @@
 # MODEL_CONFIG, WORKLOAD, GPUS (default 4; a split needs 2 or more) and STUDY (default
 # split4k-<gpu>-x<GPUS>) set another study; EXTRA adds tune options (word-split), e.g.
 # EXTRA="--verl-env KEY=VALUE". RESUME_FROM as in gpu_verl_study.sh.
+# CANDIDATES (default scripts/split4k-h200-x4.candidates.csv where the study is that one):
+# the candidates measured after verl's example, in order (--candidates-from): the cost model's
+# best of each placement, written by scripts/split_candidates.py; "" leaves the order to the
+# warm start. STEPS (default 4): --verl-steps, the 3rd and later steps measured. The study's
+# Ray head is shared by its trials (--shared-ray).
 set -u
 cmd=${1:?give start, status, compare or pack}
 res=${2:?give a results folder}
@@ -42,6 +47,8 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 case $gpu in *H200*) kind=h200 ;; *H100*) kind=h100 ;; *) kind=h100 ;; esac
 GPUS=${GPUS:-4}
 study=${STUDY:-split4k-$kind-x$GPUS}
+CANDIDATES=${CANDIDATES-scripts/$study.candidates.csv}
+STEPS=${STEPS:-4}
 WORKLOAD=${WORKLOAD:---workload grpo-short --prompt-len 256 --prompt-mean 256 --response-len 4096 --response-mean 4096 --batch 32 --n 4 --mini-batch 8}
 
 case $cmd in
@@ -62,9 +69,12 @@ case $cmd in
     ls "$MODEL_DIR"/*.safetensors >/dev/null 2>&1 ||
       python3 scripts/verl_model.py "$MODEL_CONFIG" "$MODEL_DIR" || exit 1
     # --verl-example: verl's own colocated example first, the baseline a user writes by hand;
-    # the estimator's warm start then proposes its best of each placement
+    # then the CANDIDATES (the cost model's best of each placement), then the warm start's
+    from=()
+    [ -n "$CANDIDATES" ] && [ -f "$CANDIDATES" ] && from=(--candidates-from "$CANDIDATES")
     # shellcheck disable=SC2086
     setsid nohup python3 -m tuner --runner verl --verl-bridge mbridge --allow-off-policy \
+      --shared-ray --verl-steps "$STEPS" "${from[@]}" \
       --model "$MODEL_CONFIG" --model-path "$MODEL_DIR" \
       --gpus "$GPUS" --gpus-per-node "$GPUS" --gpu "$kind" $WORKLOAD \
       --verl-example --trials "$trials" --timeout "$budget" \
@@ -85,7 +95,7 @@ case $cmd in
     # the best ok row of each placement, their phases, and the split's ratio to colocation
     PYTHONPATH=$repo python3 - "$res/$study.csv" <<'EOF'
 import sys
-from tuner.results import read_raw
+from tuner.results import parse_extra, read_raw
 from tuner.space.placement import placement_label
 
 rows = [r for r in read_raw(sys.argv[1]) if r["status"] == "ok" and r["tokens_per_s_per_gpu"]]
@@ -102,6 +112,17 @@ for split, r in sorted(best.items()):
     print(f"{place:>14}  trial {r['trial']:>3}  {r['train_parallel']} / rollout {r['infer_parallel']}"
           f"  {f(r, 'tokens_per_s_per_gpu'):.0f} tok/s/gpu  step {f(r, 'step_s'):.1f} s"
           f"  gen {f(r, 'generation_s'):.1f}  train {train:.1f}  sync {f(r, 'reshard_s'):.1f}")
+for r in rows:  # every ok row: what bounds its step, and each pool's memory against its prediction
+    ex = parse_extra(r.get("extra", ""))
+    pools = ""
+    if "trainer_device_peak_gib" in ex:
+        pools = (f"  trainer {float(ex['trainer_device_peak_gib']):.1f} GiB (pred "
+                 f"{float(ex.get('pred_trainer_device_gib', 0)):.1f})  rollout "
+                 f"{float(ex['rollout_device_peak_gib']):.1f} GiB (pred "
+                 f"{float(ex.get('pred_rollout_device_gib', 0)):.1f})")
+    print(f"trial {r['trial']:>3}  {placement_label(int(r.get('rollout_gpus') or 0), int(r['num_gpus'])):>14}"
+          f"  step {f(r, 'step_s'):.1f}  gen_wait {float(ex.get('gen_wait_s', 0)):.1f}"
+          f"  verl's figure {ex.get('verl_throughput', '-')}{pools}")
 if len(best) == 2:
     ratio = f(best[True], "tokens_per_s_per_gpu") / f(best[False], "tokens_per_s_per_gpu")
     print(f"best split / best colocated: {ratio:.2f}x (goal >= 1.3x)")

@@ -71,8 +71,9 @@ case $cmd in
     mkdir -p "$out"
     # the logs whole and compressed (~30 KiB a trial: start-up is read from their timestamps),
     # the study's CSV, storage and recipes; not the data
+    # (not the study's compile caches: tens of MB a study, rebuilt by its first trial on a host)
     tmp=$(mktemp -d)
-    cp -r "$res"/. "$tmp"/
+    tar cf - -C "$res" --exclude=vllm-cache --exclude='*.parquet' . | tar xf - -C "$tmp"
     find "$tmp" -name '*.log' -exec gzip -f {} \;
     find "$tmp" -name '*.parquet' -delete
     tar czf "$out/$study.tgz" -C "$tmp" . && rm -rf "$tmp"

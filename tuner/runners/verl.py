@@ -651,20 +651,19 @@ def read_device_samples(path: Path) -> list[tuple[float, int, float]]:
     rounds: dict[int, int] = {}
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
+        if len(parts) not in (2, 3):
+            continue
         try:
-            if len(parts) == 3:
+            gpu, mib = int(parts[-2]), float(parts[-1])
+        except ValueError:
+            continue
+        rounds[gpu] = rounds.get(gpu, -1) + 1
+        t = rounds[gpu] * SMI_PERIOD_MS / 1000  # by order, where no timestamp reads
+        if len(parts) == 3:
+            with contextlib.suppress(ValueError):
                 when = datetime.datetime.strptime(parts[0], SMI_TIME_FORMAT)
                 start = start or when
                 t = (when - start).total_seconds()
-                gpu, mib = int(parts[1]), float(parts[2])
-            elif len(parts) == 2:
-                gpu, mib = int(parts[0]), float(parts[1])
-                rounds[gpu] = rounds.get(gpu, -1) + 1
-                t = rounds[gpu] * SMI_PERIOD_MS / 1000
-            else:
-                continue
-        except ValueError:
-            continue
         out.append((t, gpu, mib))
     return out
 
