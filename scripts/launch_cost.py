@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.results import parse_extra  # noqa: E402
+from tuner.runners.verl import split_wall_time  # noqa: E402
+from tuner.runners.verl_log import read_console  # noqa: E402
 from tuner.runners.verl_timeline import CLOCK_NAME, MILESTONES, timeline  # noqa: E402
 
 
@@ -44,6 +47,13 @@ def report(results: Path, study: str) -> str:
             warm = float(ex.get("warmup_s", 0))
             launch = float(row["launch_s"] or 0) + warm + step
             got = timeline(log, folder / CLOCK_NAME, {}, launch)
+            if "step1_s" not in ex:  # a row from before the runner kept them: from its log
+                steps = read_console(log.read_text(errors="replace")) if log.exists() else {}
+                kept: dict[str, object] = {}
+                split_wall_time(steps, int(ex.get("step", 3)), 0.0, kept)
+                row["extra"] = ";".join(
+                    [row.get("extra", ""), *(f"{k}={v}" for k, v in kept.items())]
+                )
         marks = [got.get(f"t_{n}_s") for n in names]
         startup = float(ex.get("startup_s", "nan"))
         teardown = float(ex.get("teardown_s", "nan"))
@@ -59,7 +69,45 @@ def report(results: Path, study: str) -> str:
         f"launches {total_s:.0f} s in all, measured steps {measured_s:.1f} s "
         f"({100 * measured_s / total_s:.1f}% of the launches); {gpu_s / 3600:.2f} GPU-hours"
     )
+    out += first_steps(rows)
     return "\n".join(out)
+
+
+def first_steps(rows: list[dict[str, str]]) -> list[str]:
+    """Issue 36's measures: each launch's first step against its steady one (verl's timers of
+    step 1, `step1_*` in extra, where the row has them), how many steps it measured, the
+    compile cache, and the medians the goals are stated in."""
+    out = ["first step against a steady one (s; extra's step1_* and measured_steps)"]
+    head = ["trial", "startup", "step1", "steady", "ratio", "gen", "logp", "update", "sync"]
+    head += ["untimed", "measured", "cache_new"]
+    out.append(" ".join(f"{h:>9}" for h in head))
+    startups, ratios, shares = [], [], []
+    for row in rows:
+        ex = parse_extra(row.get("extra", ""))
+        if row["status"] != "ok" or "step1_s" not in ex:
+            continue
+        steady = float(row["step_s"])
+        first = float(ex["step1_s"])
+        startups.append(float(ex.get("startup_s", "nan")))
+        ratios.append(first / steady)
+        launch = float(row["launch_s"] or 0) + float(ex.get("warmup_s", 0))
+        launch += float(row["measured_s"] or 0)
+        shares.append(float(row["measured_s"] or 0) / launch if launch else 0.0)
+        cells = [row["trial"], ex.get("startup_s", "-"), f"{first:.1f}", f"{steady:.1f}"]
+        cells.append(f"{first / steady:.2f}")
+        for k in ("gen", "old_log_prob", "update_actor", "update_weights", "untimed"):
+            cells.append(ex.get(f"step1_{k}_s", "-"))
+        cells += [ex.get("measured_steps", "1"), ex.get("vllm_cache_new_files", "-")]
+        out.append(" ".join(f"{c:>9}" for c in cells))
+    if startups:
+        out.append(
+            f"medians: start-up {statistics.median(startups):.0f} s (goal <= 90), first step "
+            f"{statistics.median(ratios):.2f} x a steady one (goal <= 2), measured "
+            f"{100 * statistics.median(shares):.0f}% of a launch (goal >= 30%)"
+        )
+    else:
+        out.append("(no row of this study kept its first step's timers)")
+    return out
 
 
 if __name__ == "__main__":
