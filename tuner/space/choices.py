@@ -8,7 +8,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.space.candidate import RECOMPUTE_MODULE_SETS_DENSE, RECOMPUTE_MODULE_SETS_MOE
+from tuner.space.candidate import (
+    MOE_DISPATCHER_CHOICES,
+    RECOMPUTE_MODULE_SETS_DENSE,
+    RECOMPUTE_MODULE_SETS_MOE,
+)
 from tuner.space.layout import ParallelLayout
 from tuner.space.rules import budget_factor, token_budget
 
@@ -44,6 +48,15 @@ def nearest(x: float, choices: Sequence[float]) -> Any:
 
 def moe_space(choices: Sequence[Any]) -> Choices:
     return lambda s, d: list(choices) if s.model.is_moe else None
+
+
+def dispatcher_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+    """The MoE token dispatchers this layout can build: `flex` (DeepEP) needs tp x ep > 1
+    (rules.flex_needs_tp_ep)."""
+    if not s.model.is_moe:
+        return None
+    lay = d["layout"]
+    return [x for x in MOE_DISPATCHER_CHOICES if x != "flex" or lay.tp * lay.ep > 1]
 
 
 def sp_choices(s: SearchSpace, d: Drawn) -> Sequence[Any]:

@@ -182,6 +182,17 @@ def _moe_sp_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[s
     )
 
 
+def _flex_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
+    # megatron-core 0.19.2 transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher: "DeepEP
+    # dispatcher requires TPxEP > 1" (an assert at the model's build; measured: a verl trial of
+    # qwen3-30b-moe-8l at tp1 ep1 on one H200 failed there)
+    lay = c.layout
+    return _one(
+        m.is_moe and c.moe_token_dispatcher_type == "flex" and lay.tp * lay.ep == 1,
+        "the flex (DeepEP) token dispatcher needs tp x ep > 1: use alltoall, or tp or ep > 1",
+    )
+
+
 def choice_problems(name: str, value: Any, allowed: Sequence[Any]) -> list[str]:
     """The choice rules (recompute_granularity, recompute_method, attention_backend, ...): the
     value is one of `allowed` (the megatron worker checks a spec's with it too)."""
@@ -373,6 +384,7 @@ RULES: tuple[Rule, ...] = (
         "moe_token_dispatcher_type",
         _choice_rule("moe_token_dispatcher_type", MOE_DISPATCHERS),
     ),
+    Rule("flex_needs_tp_ep", "moe_token_dispatcher_type", _flex_rule),
     Rule("token_budget", "ppo_max_token_len_per_gpu", _budget_rule),
     Rule("micro_batch", "ppo_micro_batch_size_per_gpu", _micro_rule),
     Rule("rollout_tp", "rollout_tp", _rollout_tp_rule),
