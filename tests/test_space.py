@@ -320,6 +320,11 @@ RULE_CASES: dict[str, tuple[str, int, dict[str, Any]]] = {
     "mini_batch_dp": ("qwen2.5-7b", 24, dict()),
     "sp_needs_tp": ("qwen2.5-7b", 8, dict(sequence_parallel=True)),
     "moe_tp_needs_sp": ("qwen3-30b-moe", 16, dict(layout=ParallelLayout(world=16, tp=2, ep=8))),
+    "flex_needs_tp_ep": (
+        "qwen3-30b-moe",
+        16,
+        dict(layout=ParallelLayout(world=16, pp=16), moe_token_dispatcher_type="flex"),
+    ),
     "recompute_granularity": ("qwen2.5-7b", 8, dict(recompute_granularity="some")),
     "recompute_method": ("qwen2.5-7b", 8, dict(recompute_method="random")),
     "recompute_num_layers": (
