@@ -21,8 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.results import parse_extra  # noqa: E402
-from tuner.runners.verl import split_wall_time  # noqa: E402
-from tuner.runners.verl_log import read_console  # noqa: E402
+from tuner.runners.verl_log import read_console, split_wall_time  # noqa: E402
 from tuner.runners.verl_timeline import CLOCK_NAME, MILESTONES, timeline  # noqa: E402
 
 

@@ -209,7 +209,7 @@ def test_cli_passes_the_verl_options(monkeypatch: pytest.MonkeyPatch, workdir: P
 
 
 def test_wall_time_splits_into_start_up_warm_up_and_the_measured_step() -> None:
-    from tuner.runners.verl import split_wall_time
+    from tuner.runners.verl_log import split_wall_time
 
     steps = {s: {"timing_s/step": 40.0 + s} for s in (1, 2, 3)}
     extra: dict[str, object] = {}
@@ -241,7 +241,7 @@ def test_a_split_rows_pools_are_told_apart_by_when_their_memory_rose(tmp_path: P
     """Issue 35 item 2: nvidia-smi's samples of a split run (timestamped); the actor's GPUs
     fill before vLLM's (verl's one-step-off trainer builds the actor first), so the first
     N - r GPUs to rise are the trainer's, whatever their indices."""
-    from tuner.runners.verl import pool_peaks, read_device_peak, read_device_samples
+    from tuner.runners.verl_device import pool_peaks, read_device_peak, read_device_samples
 
     f = tmp_path / "device-memory.csv"
     rows = []
@@ -263,7 +263,7 @@ def test_a_split_rows_pools_are_told_apart_by_when_their_memory_rose(tmp_path: P
 
 
 def test_device_peak_is_the_largest_sample_of_any_gpu(tmp_path: Path) -> None:
-    from tuner.runners.verl import read_device_peak
+    from tuner.runners.verl_device import read_device_peak
 
     f = tmp_path / "device-memory.csv"
     f.write_text("0, 1024\n1, 80399\n0, 2048\ngarbage\n1, \n")

@@ -14,14 +14,11 @@ One trial, in order (each step a plain function of the previous one's output):
 from __future__ import annotations
 
 import contextlib
-import datetime
 import gzip
 import importlib.util
 import os
 import re
 import shlex
-import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -53,6 +50,13 @@ from tuner.runners.launchers import (
 )
 from tuner.runners.launchers.slurm import require_slurm
 from tuner.runners.process import Launch, log_tail, run_process
+from tuner.runners.verl_device import (
+    SMI_LOG,
+    DeviceMemorySampler,
+    pool_peaks,
+    predicted_pools,
+    read_device_samples,
+)
 from tuner.runners.verl_log import (
     MEASURED_STEP,
     StepMeasures,
@@ -63,14 +67,20 @@ from tuner.runners.verl_log import (
     read_console,
     read_jsonl,
     root_exception,
+    split_wall_time,
+    step_times,
 )
 from tuner.runners.verl_preflight import Preflight, preflight, run_probe
 from tuner.runners.verl_probe import PACKAGES
 from tuner.runners.verl_timeline import CLOCK_NAME, LogClock, timeline
+from tuner.runners.verl_workload import (
+    data_overrides,
+    response_mode,
+    workload_mismatch,
+)
 from tuner.space import SpaceLimits
 from tuner.space.placement import OFF_POLICY, placement_label
 from tuner.verl_settings import VerlSettings, bare_key
-from tuner.workload import Workload
 
 LOG_NAME = "verl.log"
 COMMAND_NAME = "command.sh"
@@ -531,56 +541,6 @@ def count_files(folder: Path | None) -> int:
     return sum(1 for p in folder.rglob("*") if p.is_file())
 
 
-WORKLOAD_TOLERANCE = 0.05
-"""How far verl's measured prompt or response mean may be off what the trial asked for."""
-
-
-def response_mode(w: Workload, data: Dataset) -> str:
-    """`fixed` (every response the cap), `drawn` (each its length from the workload's model)
-    or `natural` (the model stops where it stops: the user's data)."""
-    if verl_command.fixed_response_length(w):
-        return "fixed"
-    return "drawn" if data.response_caps_mean is not None else "natural"
-
-
-def data_overrides(data: Dataset) -> dict[str, Any]:
-    """The synthetic data's own overrides: with drawn responses, the loop that caps them (its
-    config beside the data), EOS ignored so each response is its cap, and the rows read in
-    order so that step s runs the rows drawn for it (verl 0.9.1 data.shuffle defaults True)."""
-    if data.agent_loops is None:
-        return {}
-    return {
-        "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(data.agent_loops),
-        "actor_rollout_ref.rollout.ignore_eos": True,
-        "data.shuffle": False,
-    }
-
-
-def workload_mismatch(w: Workload, data: Dataset, measured: dict[str, Any]) -> str:
-    """Why a measured row is not the declared workload ('' where it is): verl's
-    `prompt_length/mean` against the synthetic prompts' length, its `response_length/mean`
-    against the fixed length or the mean of the drawn ones, each within WORKLOAD_TOLERANCE."""
-    checks: list[tuple[str, str, float]] = []
-    if data.synthetic:  # built to the length (exact), or one word a token (approximate)
-        checks.append(("prompt", "prompt_length_mean", float(data.prompt_tokens)))
-    mode = response_mode(w, data)
-    if mode == "fixed":
-        checks.append(("response", "response_length_mean", float(w.response_len)))
-    elif mode == "drawn" and data.response_caps_mean is not None:
-        checks.append(("response", "response_length_mean", data.response_caps_mean))
-    for what, key, asked in checks:
-        got = measured.get(key)
-        if got is None or asked <= 0:
-            continue
-        if abs(float(got) - asked) > WORKLOAD_TOLERANCE * asked:
-            return (
-                f"not the declared workload: verl measured a mean {what} of {float(got):.0f} "
-                f"tokens where {asked:.0f} were asked (more than "
-                f"{WORKLOAD_TOLERANCE:.0%} off)"
-            )
-    return ""
-
-
 def _with_tuner_on_path(pythonpath: str | None) -> str:
     """PYTHONPATH with the folder holding this tuner package first."""
     import tuner
@@ -588,173 +548,6 @@ def _with_tuner_on_path(pythonpath: str | None) -> str:
     root = str(Path(tuner.__file__).resolve().parent.parent)
     rest = pythonpath if pythonpath is not None else os.environ.get("PYTHONPATH", "")
     return os.pathsep.join([root, *([rest] if rest else [])])
-
-
-SMI_LOG = "device-memory.csv"
-SMI_PERIOD_MS = 500
-SMI_TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
-"""nvidia-smi's `timestamp` field (`--query-gpu=timestamp`), e.g. 2026/11/28 22:30:01.123."""
-
-
-class DeviceMemorySampler:
-    """Device memory in use on this node's GPUs, sampled by nvidia-smi every SMI_PERIOD_MS
-    while a local trial runs: the CUDA contexts, NCCL and the colocated vLLM engine included,
-    which verl's own `perf/max_memory_*` (the actor process's PyTorch allocator) leave out."""
-
-    def __init__(self, path: Path, *, enabled: bool) -> None:
-        self.path, self.enabled = path, enabled
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> DeviceMemorySampler:
-        if self.enabled and shutil.which("nvidia-smi"):
-            # the child keeps its own copy of the file's descriptor
-            with contextlib.suppress(OSError), open(self.path, "wb") as out:
-                self._proc = subprocess.Popen(
-                    [
-                        "nvidia-smi",
-                        "--query-gpu=timestamp,index,memory.used",
-                        "--format=csv,noheader,nounits",
-                        f"-lms={SMI_PERIOD_MS}",
-                    ],
-                    stdout=out,
-                    stderr=subprocess.DEVNULL,
-                    stdin=subprocess.DEVNULL,
-                )
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
-
-
-def read_device_peak(path: Path) -> float | None:
-    """The largest `memory.used` (MiB) of any GPU in a sampler file, in GiB; None if none."""
-    samples = read_device_samples(path)
-    if not samples:
-        return None
-    return round(max(mib for _, _, mib in samples) / 1024, 3)
-
-
-def read_device_samples(path: Path) -> list[tuple[float, int, float]]:
-    """(seconds since the first sample, GPU index, MiB used) of a sampler file: lines of
-    `timestamp, index, memory.used` (DeviceMemorySampler) or, in files written before it kept
-    the time, `index, memory.used`, timed by their order (one round of every GPU each
-    SMI_PERIOD_MS)."""
-    out: list[tuple[float, int, float]] = []
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return out
-    start: datetime.datetime | None = None
-    rounds: dict[int, int] = {}
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) not in (2, 3):
-            continue
-        try:
-            gpu, mib = int(parts[-2]), float(parts[-1])
-        except ValueError:
-            continue
-        rounds[gpu] = rounds.get(gpu, -1) + 1
-        t = rounds[gpu] * SMI_PERIOD_MS / 1000  # by order, where no timestamp reads
-        if len(parts) == 3:
-            with contextlib.suppress(ValueError):
-                when = datetime.datetime.strptime(parts[0], SMI_TIME_FORMAT)
-                start = start or when
-                t = (when - start).total_seconds()
-        out.append((t, gpu, mib))
-    return out
-
-
-def predicted_pools(pred: Any) -> dict[str, float]:
-    """A split candidate's predicted device total of each pool (estimate/split.py
-    `split_memory`): the trainer's largest phase (old_log_prob, update, the weight sync's send
-    side) and the rollout's vLLM (its budget and its process beyond it)."""
-    mem = getattr(pred, "memory", None)
-    if mem is None:
-        return {}
-    trainer = max(mem.log_prob_device_gib, mem.update_device_gib, mem.weight_sync_device_gib)
-    return {
-        "pred_trainer_device_gib": round(trainer, 2),
-        "pred_rollout_device_gib": round(mem.rollout_gib + mem.rollout_process_gib, 2),
-    }
-
-
-POOL_RISE_MIB = 4096
-"""A GPU has joined its pool once this much of it is used: the actor's weights on the trainer's
-GPUs, vLLM's on the rollout's (an idle H100 or H200 holds well under 1 GiB)."""
-
-
-def pool_peaks(
-    samples: list[tuple[float, int, float]], trainer_gpus: int
-) -> dict[str, float | str]:
-    """A split row's device peak of each pool, in GiB, from its nvidia-smi samples: verl 0.9.1's
-    one-step-off trainer builds the actor (`_init_models`) before it starts the rollout's
-    servers (`_init_async_rollout_manager`; experimental/one_step_off_policy/ray_trainer.py
-    `init_workers`), so the `trainer_gpus` GPUs whose memory rose first (POOL_RISE_MIB) are the
-    trainer's, the others the rollout's. {} where fewer GPUs than that rose."""
-    rise: dict[int, float] = {}
-    peak: dict[int, float] = {}
-    for t, gpu, mib in samples:
-        peak[gpu] = max(peak.get(gpu, 0.0), mib)
-        if mib >= POOL_RISE_MIB and gpu not in rise:
-            rise[gpu] = t
-    if len(rise) <= trainer_gpus:
-        return {}
-    order = sorted(rise, key=lambda g: (rise[g], g))
-    trainer, rollout = order[:trainer_gpus], [g for g in peak if g not in order[:trainer_gpus]]
-    return {
-        "trainer_device_peak_gib": round(max(peak[g] for g in trainer) / 1024, 3),
-        "rollout_device_peak_gib": round(max(peak[g] for g in rollout) / 1024, 3),
-        "trainer_gpu_indices": "+".join(str(g) for g in sorted(trainer)),
-    }
-
-
-def step_times(steps: dict[int, dict[str, float]]) -> dict[int, float]:
-    """Step -> verl's `timing_s/step` of it, for the steps that logged one."""
-    return {s: d["timing_s/step"] for s, d in steps.items() if "timing_s/step" in d}
-
-
-def split_wall_time(
-    steps: dict[int, dict[str, float]], measured_step: int, duration_s: float, extra: dict
-) -> dict[str, float]:
-    """The trial's wall time in start-up (launch to the first step: Ray, the vLLM server,
-    Megatron, weights; teardown included), warm-up steps and the measured steps (`measured_step`
-    and every later one), from verl's `timing_s/step` of each step. `launch_s` and `measured_s`
-    fields; warm-up and the first step's phases (FIRST_STEP_PHASES, what it spent beyond a
-    steady step) into `extra`."""
-    times = step_times(steps)
-    if measured_step not in times:
-        return {}
-    warmup = sum(t for s, t in times.items() if s < measured_step)
-    extra["warmup_s"] = round(warmup, 1)
-    first = min(times)
-    if first < measured_step:
-        extra["step1_s"] = round(times[first], 2)
-        timed = 0.0
-        for name, key in FIRST_STEP_PHASES.items():
-            if key in steps[first]:
-                extra[f"step1_{name}_s"] = round(steps[first][key], 2)
-                timed += steps[first][key]
-        extra["step1_untimed_s"] = round(max(0.0, times[first] - timed), 2)
-    out = {"measured_s": sum(t for s, t in times.items() if s >= measured_step)}
-    if duration_s > 0:
-        out["launch_s"] = max(0.0, duration_s - sum(times.values()))
-    return out
-
-
-FIRST_STEP_PHASES = {
-    "gen": "timing_s/gen",
-    "old_log_prob": "timing_s/old_log_prob",
-    "ref": "timing_s/ref",
-    "update_actor": "timing_s/update_actor",
-    "update_weights": "timing_s/update_weights",
-}
-"""The first step's phases a row keeps (`step1_<name>_s` in `extra`), verl 0.9.1's timers of the
-step (trainer/ppo/ray_trainer.py `fit`: `marked_timer`), beside `step1_untimed_s`, the step less
-them: the first step against a steady one, phase by phase (scripts/launch_cost.py)."""
 
 
 def _read_steps(

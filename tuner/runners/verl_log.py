@@ -235,6 +235,51 @@ def last_step(steps: dict[int, dict[str, float]]) -> int:
     return max((s for s, d in steps.items() if "perf/throughput" in d), default=0)
 
 
+def step_times(steps: dict[int, dict[str, float]]) -> dict[int, float]:
+    """Step -> verl's `timing_s/step` of it, for the steps that logged one."""
+    return {s: d["timing_s/step"] for s, d in steps.items() if "timing_s/step" in d}
+
+
+def split_wall_time(
+    steps: dict[int, dict[str, float]], measured_step: int, duration_s: float, extra: dict
+) -> dict[str, float]:
+    """The trial's wall time in start-up (launch to the first step: Ray, the vLLM server,
+    Megatron, weights; teardown included), warm-up steps and the measured steps (`measured_step`
+    and every later one), from verl's `timing_s/step` of each step. `launch_s` and `measured_s`
+    fields; warm-up and the first step's phases (FIRST_STEP_PHASES, what it spent beyond a
+    steady step) into `extra`."""
+    times = step_times(steps)
+    if measured_step not in times:
+        return {}
+    warmup = sum(t for s, t in times.items() if s < measured_step)
+    extra["warmup_s"] = round(warmup, 1)
+    first = min(times)
+    if first < measured_step:
+        extra["step1_s"] = round(times[first], 2)
+        timed = 0.0
+        for name, key in FIRST_STEP_PHASES.items():
+            if key in steps[first]:
+                extra[f"step1_{name}_s"] = round(steps[first][key], 2)
+                timed += steps[first][key]
+        extra["step1_untimed_s"] = round(max(0.0, times[first] - timed), 2)
+    out = {"measured_s": sum(t for s, t in times.items() if s >= measured_step)}
+    if duration_s > 0:
+        out["launch_s"] = max(0.0, duration_s - sum(times.values()))
+    return out
+
+
+FIRST_STEP_PHASES = {
+    "gen": "timing_s/gen",
+    "old_log_prob": "timing_s/old_log_prob",
+    "ref": "timing_s/ref",
+    "update_actor": "timing_s/update_actor",
+    "update_weights": "timing_s/update_weights",
+}
+"""The first step's phases a row keeps (`step1_<name>_s` in `extra`), verl 0.9.1's timers of the
+step (trainer/ppo/ray_trainer.py `fit`: `marked_timer`), beside `step1_untimed_s`, the step less
+them: the first step against a steady one, phase by phase (scripts/launch_cost.py)."""
+
+
 # --------------------------------------------------------------------------------------------
 # Failures
 # --------------------------------------------------------------------------------------------
