@@ -87,7 +87,9 @@ def test_optuna_is_used_through_its_public_api_only() -> None:
 
 
 ESTIMATE_ORDER = (
-    # foundations: the calibration constants, the per-study numbers, the logits' passes
+    # foundations: a term's memo, the calibration constants, the per-study numbers, the
+    # logits' passes
+    "memo",
     "profile",
     "context",
     "logits",

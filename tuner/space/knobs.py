@@ -90,6 +90,19 @@ UNDECLARED = Undeclared.UNDECLARED
 behind it, megatron-core's TransformerConfig, decides) or that sets no verl key."""
 
 
+class AsCandidate(enum.Enum):
+    """The type of `AS_CANDIDATE`."""
+
+    AS_CANDIDATE = "as the candidate"
+
+    def __repr__(self) -> str:
+        return "AS_CANDIDATE"
+
+
+AS_CANDIDATE = AsCandidate.AS_CANDIDATE
+"""`Knob.te_runs` of a knob the megatron runner's te layers run as the candidate says."""
+
+
 def _identity(v: Any, *_: Any) -> Any:
     return v
 
@@ -147,6 +160,16 @@ class Knob:
     grouped-GEMM experts, alltoall dispatch), so that runner pins the knob at it
     (megatron.MEGATRON_PINNED; its te layers make some of them: megatron_layers.TE_MEASURED).
     None where the worker runs the candidate's value or takes none of it."""
+    pin_rank: int | None = None
+    """Where the megatron runner's pin of it at `worker_runs` stands among that runner's kernel
+    pins: the order stored study fingerprints (SpaceLimits.summary) and the committed recipes'
+    pinned blocks spell, from when the pins were a hand list. None: after those, in table
+    order."""
+    te_runs: Any = None
+    """What the megatron runner's worker runs with the te layers (megatron_layers.layer_spec_pins)
+    instead of `worker_runs`: AS_CANDIDATE where those layers make the knob as the candidate says
+    (then searched: megatron_layers.TE_MEASURED), another value where they pin it at that value
+    (megatron_layers.TE_PINS); None where they run `worker_runs` too."""
     vllm: str = ""
     """The vLLM engine argument (`vllm.LLM(**kwargs)`, vllm_gen.EngineCfg's field) that carries
     it where the megatron runner measures generation, which then searches it
@@ -216,6 +239,23 @@ class Knob:
     @property
     def rules(self) -> tuple[Rule, ...]:
         return tuple(r for r in RULES if r.knob == self.name)
+
+
+def check_verl_keys(knobs: tuple[Knob, ...]) -> None:
+    """Raise ValueError where two knobs (or one knob twice) set the same verl key (its `+`
+    dropped): the later would run while the row credits the earlier. The command's other
+    sources (workload, trainer, placement) are checked against the knobs where the command is
+    put together (verl_command.set_once)."""
+    by: dict[str, str] = {}
+    for k in knobs:
+        for key in k.verl_keys:
+            bare = key.lstrip("+")
+            if bare in by:
+                raise ValueError(
+                    f"knob {k.name}: verl key {bare} is already the knob {by[bare]}'s: a verl key "
+                    "belongs to one knob"
+                )
+            by[bare] = k.name
 
 
 def _both(suffix: str) -> tuple[str, ...]:
@@ -348,6 +388,7 @@ KNOBS: tuple[Knob, ...] = (
         help="MoE token dispatcher",
         verl_keys=_tf("moe_token_dispatcher_type"),
         worker_runs="alltoall",
+        pin_rank=4,
         cost="time: _layout_lin dispatch (allgather volume); flex vs alltoall is a neutral prior",
         choices=moe_space(MOE_DISPATCHER_CHOICES),
         allowed=MOE_DISPATCHERS,
@@ -359,6 +400,8 @@ KNOBS: tuple[Knob, ...] = (
         help="MoE fused permute",
         verl_keys=_tf("moe_permute_fusion"),
         worker_runs=False,
+        pin_rank=6,
+        te_runs=AS_CANDIDATE,
         worker=WorkerKey("kernels.moe_permute_fusion", bool),
         cost="time: _layout_lin permute passes",
         choices=moe_space(BOOLS),
@@ -424,6 +467,8 @@ KNOBS: tuple[Knob, ...] = (
         help="MoE grouped GEMM",
         verl_keys=_tf("moe_grouped_gemm"),
         worker_runs=True,
+        pin_rank=5,
+        te_runs=AS_CANDIDATE,
         worker=WorkerKey("kernels.moe_grouped_gemm", bool),
         cost="time: _layout_lin per-expert GEMM launches when off",
         choices=grouped_gemm_choices,
@@ -467,6 +512,8 @@ KNOBS: tuple[Knob, ...] = (
         help="fused RoPE",
         verl_keys=_tf("apply_rope_fusion"),
         worker_runs=False,
+        pin_rank=0,
+        te_runs=AS_CANDIDATE,
         worker=WorkerKey("kernels.apply_rope_fusion", bool),
         cost="time: _layout_lin elementwise passes over q and k",
         choices=lambda s, d: list(BOOLS),
@@ -477,6 +524,8 @@ KNOBS: tuple[Knob, ...] = (
         help="fused bias + SwiGLU",
         verl_keys=_tf("bias_activation_fusion"),
         worker_runs=False,
+        pin_rank=1,
+        te_runs=AS_CANDIDATE,
         worker=WorkerKey("kernels.bias_activation_fusion", bool),
         cost="time: _layout_lin elementwise passes over the MLP activation",
         choices=lambda s, d: list(BOOLS),
@@ -495,6 +544,7 @@ KNOBS: tuple[Knob, ...] = (
         help="wgrad accumulated in the GEMM",
         verl_keys=_tf("gradient_accumulation_fusion"),
         worker_runs=False,
+        pin_rank=2,
         cost="time: _layout_lin backward fp32 main-grad read/write",
         choices=lambda s, d: list(BOOLS),
     ),
@@ -505,6 +555,8 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=_tf("attention_backend", declared=True),
         verl_default="flash",
         worker_runs="flash",
+        pin_rank=3,
+        te_runs="auto",
         worker=WorkerKey("kernels.attention_backend", str),
         cost="neutral prior: flash, fused and auto score alike (no measured model yet, the "
         "measured runner decides); unfused/local: score-matrix cost in _layout_lin",
@@ -700,6 +752,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
 )
 KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
+check_verl_keys(KNOBS)
 VERL_DEFAULT_MAX_NUM_SEQS: int = KNOB_BY_NAME["max_num_seqs"].verl_default
 """`actor_rollout_ref.rollout.max_num_seqs` in verl 0.9.1's ppo_megatron_trainer (the knob's)."""
 VERL_DEFAULT_ENFORCE_EAGER: bool = KNOB_BY_NAME["enforce_eager"].verl_default
