@@ -46,11 +46,7 @@ class Reading:
         object.__setattr__(self, "_seen", set() if seen is None else seen)
 
     def __getattr__(self, name: str) -> Any:
-        obj, prefix = (
-            object.__getattribute__(self, "_obj"),
-            object.__getattribute__(self, "_prefix"),
-        )
-        log, seen = object.__getattribute__(self, "_log"), object.__getattribute__(self, "_seen")
+        obj, prefix, log, seen = self._obj, self._prefix, self._log, self._seen
         v = getattr(obj, name)
         path = prefix + name
         if dataclasses.is_dataclass(v) and not isinstance(v, type):

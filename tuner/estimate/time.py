@@ -385,7 +385,7 @@ def phase_times_of(
 
     # optimizer step: grads reduce-scattered (fp32), params all-gathered (bf16), Adam on the shard
     dense, expert = params_local(ctx, lay)
-    edp = lay.world // (pp * lay.ep * lay.etp)
+    edp = lay.expert_dp
     dp_bw = ctx.nvlink if lay.world // pp <= ctx.local_gpus else ctx.internode
     g = dp * cp
     comm = 0.0

@@ -66,7 +66,7 @@ from tuner.runners.megatron_worker.protocol import ProgressWatch
 from tuner.runners.megatron_worker.spec import layout_to_dict
 from tuner.runners.megatron_worker.trial import more_steps, plan_phase
 from tuner.runners.process import Launch, ProcessResult, run_process
-from tuner.space import KNOBS, Candidate, SpaceLimits, check_pins, worker_values
+from tuner.space import KNOBS, Candidate, RolloutDims, SpaceLimits, check_pins, worker_values
 from tuner.workload import Workload
 
 __all__ = ["MegatronRunner", "megatron_refusals", "to_trial_result", "worker_spec"]
@@ -374,7 +374,7 @@ class MegatronRunner(Runner):
                 cwd=d,
                 poll=watch.poll if spec.should_stop else None,
             )
-        replicas = max(1, spec.cluster.num_gpus // spec.candidate.rollout_tp)
+        replicas = RolloutDims.of(spec.candidate, spec.cluster.num_gpus).replicas
         return finish(
             to_trial_result(out, paths[RESULT_NAME], wspec, spec, watch), gen, replicas=replicas
         )

@@ -1,18 +1,21 @@
 """The knob table: every knob declared once (`KNOBS`).
 
 Each `Knob` names its Candidate field, its group, the choices the sampler offers (derived from
-the model, cluster, workload and the values drawn before it: choices.py), its validity rules, the
-verl keys it sets and verl 0.9.1's default at them (`verl_default`, and why the Candidate's
+the model, cluster, workload and the values drawn before it: choices.py), its bounds (the rules
+of rules.py are named after their knob and read the bounds from here), the verl keys it sets and verl 0.9.1's default at them (`verl_default`, and why the Candidate's
 default differs where it does), the key and type of the megatron worker's spec that carries it
-(`WorkerKey`) or the value that worker always runs (`worker_runs`), the vLLM engine argument of
+(`WorkerKey`) or the value that worker always runs (`worker_runs`; with its te layers:
+`te_runs`; in the pins' stored order: `pin_rank`), the vLLM engine argument of
 measured generation (`vllm`), and the term of the cost model that scores it. `sample()`,
 `params_for()`, `knob_overrides()` (hence the recipes and the verl runner), `worker_values()` (the
 megatron runner's worker spec, which the worker reads by the same keys and types: `WORKER_KEYS`),
 the megatron runner's pins (megatron.MEGATRON_PINNED) and what its measured generation searches
 (megatron_generation.ROLLOUT_SEARCHED), `validate()`, the CSV columns and their types
 (candidate.KNOB_COLUMN_TYPES) and the report's knob groups (`KNOB_GROUP_OF`) all read that table;
-adding a knob is one entry here and its Candidate field, plus its cost-model term (torchtitan's
-parallel_dims / Optuna's distributions: one declaration, many readers).
+adding a knob is one entry here and its Candidate field, plus its cost-model term (the cost
+model's memo keys a term by the fields it reads: estimate/memo.py), and no verl key belongs to
+two knobs (`check_verl_keys`) (torchtitan's parallel_dims / Optuna's distributions: one
+declaration, many readers).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tuner.bounds import Bounds
 from tuner.models import ModelSpec
@@ -45,6 +48,7 @@ from tuner.space.choices import (
     TOKEN_BUDGET_FACTORS,
     Choices,
     Drawn,
+    SpaceView,
     budget_fields,
     grouped_gemm_choices,
     log2,
@@ -59,12 +63,7 @@ from tuner.space.choices import (
     sp_choices,
 )
 from tuner.space.layout import ParallelLayout
-from tuner.space.rules import RULES, Rule
 from tuner.space.worker_key import WorkerKey
-
-if TYPE_CHECKING:
-    from tuner.space.sampling import SearchSpace
-
 
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
@@ -186,11 +185,11 @@ class Knob:
     what older Optuna storages hold; read back under the knob's name (sampling.current_params)."""
     int_range: bool = False
     """The choices are a contiguous int range drawn with suggest_int."""
-    decode: Callable[[Any, SearchSpace, Drawn], Any] = _identity
+    decode: Callable[[Any, SpaceView, Drawn], Any] = _identity
     """Drawn value -> the knob's value. The sampler suggests each knob under its name; where
     the draw is not the value itself (log2 of a power of two, a budget's multiple of one
     sample's tokens, rollout EP on or off) Optuna's parameter holds the draw."""
-    encode: Callable[[Any, SearchSpace, Drawn], Any] = _identity
+    encode: Callable[[Any, SpaceView, Drawn], Any] = _identity
     """The knob's value -> its draw (params_for, and a pin: SpaceLimits.pinned holds values)."""
     to_verl: Callable[[Any], Any] = _identity
     """Value as verl wants it; None becomes `null`."""
@@ -235,10 +234,6 @@ class Knob:
         if self.name in LAYOUT_FIELDS:
             return getattr(c.layout, self.name)
         return getattr(c, self.name)
-
-    @property
-    def rules(self) -> tuple[Rule, ...]:
-        return tuple(r for r in RULES if r.knob == self.name)
 
 
 def check_verl_keys(knobs: tuple[Knob, ...]) -> None:
