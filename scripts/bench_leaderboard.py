@@ -14,10 +14,11 @@ from pathlib import Path
 
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import REGISTRY
+from tuner.results.lines import LINE_KEY, line_entry
 from tuner.runners.estimate import EstimateRunner
 from tuner.study import TuneRequest, run_study
+from tuner.study.csv_view import check_leaderboard, write_leaderboard
 from tuner.study.storage import RECORD_ATTR, storage_label
-from tuner.study.view import LINE_KEY, check_leaderboard, line_entry, write_leaderboard
 from tuner.workload import PRESETS
 
 ROWS = 10_000

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -1077,9 +1078,14 @@ def _run_parser() -> argparse.ArgumentParser:
     return sub.choices["run"]  # type: ignore[attr-defined,no-any-return]
 
 
+def flags_of(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """Each option string of `parser` and its action (argparse's own list: a test may look)."""
+    return {s: a for a in parser._actions for s in a.option_strings}
+
+
 def _runner_options() -> list[tuple[str, list[str]]]:
     """Each option `RUN_OPTIONS` declares, with a value that is not its default."""
-    actions = tuner.cli_args.flags_of(_run_parser())
+    actions = flags_of(_run_parser())
     out = []
     for flag in RUN_OPTIONS:
         a = actions[flag]
@@ -1126,7 +1132,7 @@ def test_runner_options_need_their_runner(
     megatron-runner option under the verl runner, and a launcher's option under another
     launcher, was ignored without a word."""
     opt = RUN_OPTIONS[flag]
-    runners = tuner.cli_args.flags_of(_run_parser())["--runner"].choices
+    runners = flags_of(_run_parser())["--runner"].choices
     for runner in (r for r in runners if r not in opt.runners.names):
         argv = [*R, "--runner", runner, *given]
         fragment = f"applies to {opt.runners.text}, not --runner {runner}"

@@ -318,7 +318,7 @@ def test_headroom_reaches_the_request(workdir: Path) -> None:
     import dataclasses
 
     from tuner.cli import build_parser
-    from tuner.request import build_request, build_setup
+    from tuner.cli_request import build_request, build_setup
     from tuner.runners import make_runner
     from tuner.study import TuneRequest
 

@@ -6,8 +6,11 @@ field, nothing else."""
 from __future__ import annotations
 
 import ast
+import csv
 import html
+import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -53,18 +56,8 @@ ALLOWED: dict[tuple[str, tuple[str, ...]], str] = {
     ),
     ("tuner/runners/megatron_refusals.py", ("moe_token_dispatcher_type",
                                             "recompute_num_layers")): "rule names, as above",
-    ("tuner/runners/megatron.py", ("apply_rope_fusion", "attention_backend",
-                                   "bias_activation_fusion", "gradient_accumulation_fusion",
-                                   "moe_grouped_gemm", "moe_permute_fusion",
-                                   "moe_token_dispatcher_type")): (
-        "the order of the kernel pins stored study fingerprints spell (values: the table's)"
-    ),
     ("tuner/runners/megatron_generation.py", ("rollout_dp", "rollout_ep", "rollout_tp")): (
         "rule names of space.RULES the generation runner checks"
-    ),
-    ("tuner/megatron_layers.py", ("apply_rope_fusion", "bias_activation_fusion",
-                                  "moe_grouped_gemm", "moe_permute_fusion")): (
-        "the megatron runner's pins its te layers measure (a fact of that runner)"
     ),
     ("tuner/runners/vllm_gen/spec.py", ("max_num_batched_tokens", "max_num_seqs")): (
         "vLLM's engine arguments (vLLM's names)"
@@ -118,9 +111,13 @@ def test_the_leaderboard_takes_its_knob_columns_and_types_from_the_table() -> No
     knob_columns = [c for c in COLUMNS if c in KNOB_BY_NAME]
     assert knob_columns == [*LAYOUT_DEGREES, *CANDIDATE_FIELDS]
     assert set(knob_columns) == set(KNOB_BY_NAME) - {"layout"}  # every knob has its column
-    # the committed header: these columns, less the placement's, which a leaderboard of
-    # colocated rows leaves out (files.COLOCATED_ONLY_OMITTED, issue 29)
-    assert read_raw(VERL)[0].keys() == set(COLUMNS) - set(COLOCATED_ONLY_OMITTED)
+    # the committed header: these columns in order, less the placement's, which a leaderboard
+    # of colocated rows leaves out (files.COLOCATED_ONLY_OMITTED, issue 29), and less the knob
+    # columns added since it was written (they load at the field's default: no rewrite needed)
+    header = list(read_raw(VERL)[0])
+    assert header == [c for c in COLUMNS if c in header]
+    later = set(COLUMNS) - set(header) - set(COLOCATED_ONLY_OMITTED)
+    assert later <= set(CANDIDATE_FIELDS), later
     for c in knob_columns:
         kind = KNOB_COLUMN_TYPES.get(c, int)  # the layout degrees are counts
         assert (c in INT_COLUMNS, c in FLOAT_COLUMNS, c in STRING_COLUMNS) == (
@@ -139,9 +136,25 @@ def test_the_report_groups_every_knob_by_the_table() -> None:
         assert c in groups[group], (c, group)
 
 
+def in_columns(text: str, header: list[str]) -> str:
+    """A leaderboard's text with only the columns of `header`, in its order."""
+    rows = list(csv.DictReader(io.StringIO(text)))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=header, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
 def test_a_committed_leaderboard_reads_and_writes_back_byte_identically() -> None:
+    """Read and written back, a committed leaderboard is what it was, in its own columns; a knob
+    column added since it was written comes back empty (the field's default)."""
     text = VERL.read_text()
-    assert csv_text(TrialRecord.from_row(r).to_row() for r in read_raw(VERL)) == text
+    header = list(read_raw(VERL)[0])
+    back = csv_text(TrialRecord.from_row(r).to_row() for r in read_raw(VERL))
+    assert in_columns(back, header) == text
+    later = [c for c in next(csv.reader(io.StringIO(back))) if c not in header]
+    assert all(r[c] == "" for r in csv.DictReader(io.StringIO(back)) for c in later)
 
 
 def test_an_old_leaderboard_is_written_once_in_the_current_schema(tmp_path: Path) -> None:
@@ -230,8 +243,10 @@ def test_adding_a_knob_is_its_table_entry_and_its_field(tmp_path: Path) -> None:
         from tuner.study.objective import candidate_fields
 
         assert tuner.__file__.startswith(TMP), tuner.__file__  # the copy, not the repository's
-        assert COLUMNS[COLUMNS.index("enforce_eager") + 1] == "pad_depth", COLUMNS
-        from tuner.space import KNOB_BY_NAME, UNDECLARED
+        from tuner.space import CANDIDATE_FIELDS, KNOB_BY_NAME, UNDECLARED
+
+        before = CANDIDATE_FIELDS[CANDIDATE_FIELDS.index("pad_depth") - 1]  # the field before
+        assert COLUMNS[COLUMNS.index(before) + 1] == "pad_depth", COLUMNS
 
         assert KNOB_BY_NAME["pad_depth"].verl_default is UNDECLARED  # verl declares no such key
         assert "pad_depth" in INT_COLUMNS and "pad_depth" in NUMERIC
@@ -266,9 +281,7 @@ def test_adding_a_knob_is_its_table_entry_and_its_field(tmp_path: Path) -> None:
         from tuner.megatron_layers import layer_spec_pins
         from tuner.runners.megatron import MEGATRON_PINNED
 
-        assert MEGATRON_PINNED[-2:] == (
-            ("moe_permute_fusion", False), ("cross_entropy_fusion", False)
-        ), MEGATRON_PINNED
+        assert MEGATRON_PINNED[-1] == ("cross_entropy_fusion", False), MEGATRON_PINNED
         assert ("cross_entropy_fusion", False) in layer_spec_pins(MEGATRON_PINNED, "te")
         assert "pad_depth" not in dict(MEGATRON_PINNED)  # the worker runs it: measured
         """
@@ -309,12 +322,12 @@ def test_a_new_rollout_knob_is_sampled_pinned_written_and_exported(tmp_path: Pat
     knob existed resumes (the new pin is at the default).
 
     What a real new knob still needs beyond these two edits: its cost-model term in
-    tuner/estimate (the entry's `cost` names it; a `neutral prior` scores every value alike);
-    a runner file only where the runner must do something new with it (measured generation
-    searches it once vllm_gen.EngineCfg takes it and the entry names that argument, `vllm`);
-    and the committed leaderboards under results/ lack its column, so the header and
-    byte-identical write-back tests above need them rewritten once (an older file loads, as
-    this test shows, and is written back with the new column)."""
+    tuner/estimate (the entry's `cost` names it; a `neutral prior` scores every value alike;
+    the next test adds one); a runner file only where the runner must do something new with it
+    (measured generation searches it once vllm_gen.EngineCfg takes it and the entry names that
+    argument, `vllm`). The committed leaderboards under results/ lack its column and stay as
+    they are: they load with the knob at its default (an older file is written back with the
+    new column only where a study writes it)."""
     pkg = tmp_path / "tuner"
     shutil.copytree(TUNER, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     field_at = "    def to_record(self) -> dict[str, Any]:"
@@ -341,7 +354,7 @@ def test_a_new_rollout_knob_is_sampled_pinned_written_and_exported(tmp_path: Pat
         from tuner.models import get_model
         from tuner.results import COLUMNS, NUMERIC, Status, TrialRecord, csv_text, read_raw
         from tuner.space import (
-            SAMPLER_PARAMS, Candidate, FollowSuggester, RandomSuggester, SearchSpace,
+            KNOBS, SAMPLER_PARAMS, Candidate, FollowSuggester, RandomSuggester, SearchSpace,
             SpaceLimits, params_for, sample,
         )
         from tuner.study.objective import candidate_fields
@@ -383,7 +396,10 @@ def test_a_new_rollout_knob_is_sampled_pinned_written_and_exported(tmp_path: Pat
         assert f"#   {NAME}=False  (pinned, not measured)" in text.splitlines()
 
         # the CSV: its column after the knobs before it, typed bool, through a file and back
-        assert COLUMNS[COLUMNS.index("enforce_eager") + 1] == NAME and NAME not in NUMERIC
+        from tuner.space import CANDIDATE_FIELDS
+
+        before = CANDIDATE_FIELDS[CANDIDATE_FIELDS.index(NAME) - 1]  # the field before it
+        assert COLUMNS[COLUMNS.index(before) + 1] == NAME and NAME not in NUMERIC
         row = TrialRecord(study="s", trial=0, status=Status.OK, **candidate_fields(c)).to_row()
         f = Path(TMP) / "new.csv"
         f.write_text(csv_text([row]))
@@ -408,7 +424,8 @@ def test_a_new_rollout_knob_is_sampled_pinned_written_and_exported(tmp_path: Pat
         from tuner.space import KNOB_BY_NAME
 
         names = [n for n, _ in MEGATRON_PINNED]
-        assert names[names.index("enforce_eager") + 1] == NAME, names
+        rollout = [k.name for k in KNOBS if k.group == "rollout" and k.choices is not None]
+        assert names[names.index(rollout[rollout.index(NAME) - 1]) + 1] == NAME, names
         assert dict(MEGATRON_PINNED)[NAME] is True and KNOB_BY_NAME[NAME].field_default is True
         assert NAME not in ROLLOUT_SEARCHED and (NAME, True) in measured_pins(MEGATRON_PINNED)
         assert (NAME, True) in pinned_knobs("megatron")
@@ -434,6 +451,122 @@ def test_a_new_rollout_knob_is_sampled_pinned_written_and_exported(tmp_path: Pat
     assert new["verl_default"] is True
     name = "enable_prefix_caching"
     assert not verl_default_problems(verl_config(), name, new["keys"], new["verl_default"])
+
+
+PRICED_KNOB = {
+    "space/candidate.py": (
+        "    def to_record(self) -> dict[str, Any]:",
+        "    cross_entropy_loss_fusion: bool = True\n"
+        '    """megatron-core fused cross entropy of the output layer."""\n\n',
+    ),
+    "space/knobs.py": (
+        "\n)\nKNOB_BY_NAME",
+        '\n    Knob(name="cross_entropy_loss_fusion", group="kernels", help="fused cross entropy",'
+        ' verl_keys=_tf("cross_entropy_loss_fusion"), cost="time: _layout_lin output layer",'
+        " choices=lambda s, d: list(BOOLS)),",
+    ),
+    "estimate/time.py": (
+        "    head_b = 2 * head_f\n",
+        "    if not c.cross_entropy_loss_fusion:\n        head_f *= 1.5\n",
+    ),
+}
+"""A searched kernel knob with a cost term, as its three files spell it: its Candidate field, its
+table entry, and its term in the cost model (the output layer's time, read inside the layout's
+memoized coefficients: estimate/time.py `_layout_lin`). Each edit goes before its anchor."""
+
+PRICED_KNOB_TESTS = (
+    "tests/estimate/test_golden.py",
+    "tests/estimate/test_memo.py",
+    "tests/test_pins.py",
+    "tests/test_knob_table.py::test_the_leaderboard_takes_its_knob_columns_and_types_from_the_table",
+    "tests/test_knob_table.py::test_a_committed_leaderboard_reads_and_writes_back_byte_identically",
+    "tests/test_knob_table.py::test_the_report_groups_every_knob_by_the_table",
+    "tests/test_verl_command.py::test_no_verl_key_is_set_twice_by_the_command",
+)
+"""The tests that froze the table (its order, the pins by hand, the committed headers) or that a
+knob could make stale (the cost model's memo), run against the copy with the knob unedited."""
+
+
+def test_a_new_priced_knob_is_three_files(tmp_path: Path) -> None:
+    """Issue 39 item 1: a copy of the package with a new searched knob in three files (its
+    Candidate field, its table entry, its cost term; PRICED_KNOB) and nothing else: the cost
+    model prices each value (one shared context, so the memo keys the term by the knob it reads,
+    with no list to extend), the sampler draws both, the committed leaderboards load with the
+    knob at its default and are not rewritten, and the tests that once froze the table pass on
+    the copy unedited."""
+    pkg = tmp_path / "tuner"
+    shutil.copytree(TUNER, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel, (anchor, new) in PRICED_KNOB.items():
+        path = pkg / rel
+        src = path.read_text()
+        assert src.count(anchor) == 1, (rel, anchor)
+        path.write_text(src.replace(anchor, new + anchor))
+    (tmp_path / "scripts").symlink_to(REPO / "scripts")  # model paths relative to the checkout
+    committed = {p: p.read_bytes() for p in sorted((REPO / "results").glob("*.csv"))}
+    check = textwrap.dedent(
+        """
+        import dataclasses
+        import random
+        from pathlib import Path
+
+        import tuner
+        from tuner.estimate import estimate
+        from tuner.hardware import Cluster, get_gpu
+        from tuner.models import get_model
+        from tuner.results import read_rows
+        from tuner.space import Candidate, ParallelLayout, RandomSuggester, SearchSpace, sample
+        from tuner.workload import get_workload
+
+        assert tuner.__file__.startswith(TMP), tuner.__file__  # the copy, not the repository's
+        m, w = get_model("qwen2.5-7b"), get_workload("grpo-short")
+        cl = Cluster(gpu=get_gpu("h100"), num_gpus=2)
+        fused = Candidate(layout=ParallelLayout(world=2, tp=2))
+        assert fused.cross_entropy_loss_fusion is True
+        slow = dataclasses.replace(fused, cross_entropy_loss_fusion=False)
+        a, b = estimate(fused, m, cl, w), estimate(slow, m, cl, w)  # one context: the memo's
+        assert b.update_actor_s > a.update_actor_s, (a.update_actor_s, b.update_actor_s)
+        assert estimate(fused, m, cl, w).update_actor_s == a.update_actor_s
+        space = SearchSpace(model=m, cluster=cl, workload=w)
+        rng = random.Random(0)
+        drawn = {sample(RandomSuggester(rng), space).cross_entropy_loss_fusion for _ in range(30)}
+        assert drawn == {False, True}, drawn
+        for path in sorted(Path(RESULTS).glob("*.csv")):
+            for r in read_rows(path):
+                if r.get("tp"):
+                    c = Candidate.from_record(r, int(r["num_gpus"]))
+                    assert c.cross_entropy_loss_fusion is True, path
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"TMP = {str(tmp_path)!r}\nRESULTS = {str(REPO / 'results')!r}\n" + check,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    tests = [str(REPO / t) for t in PRICED_KNOB_TESTS]
+    run = (
+        "import sys, pytest, tuner\n"
+        f"assert tuner.__file__.startswith({str(tmp_path)!r}), tuner.__file__\n"
+        f"sys.exit(pytest.main(['-x', '-q', '-p', 'no:cacheprovider', *{tests!r}]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", run],
+        cwd=tmp_path,  # the copy first on the path
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert {p: p.read_bytes() for p in sorted((REPO / "results").glob("*.csv"))} == committed
 
 
 def test_the_new_rollout_knobs_key_is_one_verl_declares() -> None:

@@ -40,7 +40,8 @@ def _bad(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
 def test_the_estimator_and_its_foundations_import_nothing_above_them() -> None:
     below = [*sorted((TUNER / "estimate").glob("*.py")), *sorted((TUNER / "space").glob("*.py"))]
     below += sorted((TUNER / "fit").glob("*.py"))
-    below += [TUNER / f for f in ("batching.py", "lengths.py", "models.py", "workload.py")]
+    below += [TUNER / f for f in ("batching.py", "lengths.py", "workload.py")]
+    below += sorted((TUNER / "models").glob("*.py"))
     assert not _bad(below, ABOVE_THE_ESTIMATOR)
 
 
@@ -87,7 +88,9 @@ def test_optuna_is_used_through_its_public_api_only() -> None:
 
 
 ESTIMATE_ORDER = (
-    # foundations: the calibration constants, the per-study numbers, the logits' passes
+    # foundations: a term's memo, the calibration constants, the per-study numbers, the
+    # logits' passes
+    "memo",
     "profile",
     "context",
     "logits",
@@ -106,7 +109,7 @@ ESTIMATE_ORDER = (
     # the estimate
     "__init__",
     # readings of an estimate: what a runner sees of its memory, the text breakdown
-    "view",
+    "runner_memory",
     "report_text",
 )
 """Issue 31 item 5: the cost model's layers, lowest first. A module of tuner/estimate imports
@@ -200,3 +203,174 @@ def test_the_layering_check_sees_an_upward_import(tmp_path: Path) -> None:
     ):
         src.write_text(line + "\n")
         assert bool(_upward(src, "device")) == caught, line
+
+
+# --- import circles (issue 39 item 2) ---------------------------------------------------------
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """The nodes under `if TYPE_CHECKING:` (imported for the type checker, never run)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        test = getattr(node, "test", None)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(test):  # type: ignore[arg-type]
+            out.update(id(x) for n in node.body for x in ast.walk(n))
+    return out
+
+
+def import_graph(root: Path, *, run_time_only: bool) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (anywhere in it, functions too; with
+    `run_time_only`, less what is imported under TYPE_CHECKING). `from pkg import name` is an
+    edge to the module `pkg.name` where it is one, else to `pkg`."""
+    paths = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in paths}
+    for mod, path in paths.items():
+        tree = ast.parse(path.read_text())
+        skip = _type_checking_nodes(tree) if run_time_only else set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            pairs: list[tuple[str, str | None]] = []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    here = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+                    here = here[: len(here) - node.level + 1]
+                    base = ".".join([*here, *([node.module] if node.module else [])])
+                pairs = [(base, a.name) for a in node.names]
+            elif isinstance(node, ast.Import):
+                pairs = [(a.name, None) for a in node.names]
+            for base, name in pairs:
+                target = f"{base}.{name}" if name and f"{base}.{name}" in paths else base
+                if target in paths and target != mod:
+                    graph[mod].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each strongly connected set of two modules or more (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_circle_at_run_time_and_at_most_one_for_the_type_checker() -> None:
+    """Issue 39 item 2: no module of the package imports, through others, a module that imports
+    it back, counting imports inside functions (space.rules once reached the knob table so, and
+    the study's storage reached up to the CSV view); the type checker's imports leave at most one
+    circle (tuner.lengths names the Workload it is given)."""
+    assert circles(import_graph(TUNER, run_time_only=True)) == []
+    assert len(circles(import_graph(TUNER, run_time_only=False))) <= 1
+
+
+def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
+    """The check itself: a circle through an import inside a function, and one under
+    TYPE_CHECKING, which counts for the type checker only."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg import a\n")
+    (pkg / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.d\n"
+    )
+    (pkg / "d.py").write_text("from pkg.c import x\n")
+    assert circles(import_graph(pkg, run_time_only=True)) == [["pkg.a", "pkg.b"]]
+    assert circles(import_graph(pkg, run_time_only=False)) == [
+        ["pkg.a", "pkg.b"],
+        ["pkg.c", "pkg.d"],
+    ]
+
+
+# --- private names (issue 39 item 3) ----------------------------------------------------------
+
+
+def private_uses(path: Path) -> list[str]:
+    """Where `path` reaches another module's private name: `from tuner.x import _name`, or
+    `module._name` of a module it imported from the package; and argparse's privates
+    (`parser._actions`, `argparse._SubParsersAction`)."""
+    tree = ast.parse(path.read_text())
+    out = []
+    modules = {"argparse"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (
+            node.level or (node.module or "").startswith("tuner")
+        ):
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    out.append(f"{node.lineno}: from {node.module} import {a.name}")
+                modules.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            modules.update(
+                (a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("tuner")
+            )
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and (
+                (isinstance(node.value, ast.Name) and node.value.id in modules)
+                or node.attr in ("_actions", "_action_groups", "_group_actions")
+            )
+        ):
+            out.append(f"{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_no_private_name_is_used_across_modules() -> None:
+    """Issue 39 item 3: what one module of the package shares with another is public; the CLI
+    reads its subcommands from its own declaration, not argparse's private lists."""
+    found = [
+        f"{p.relative_to(TUNER.parent)}:{line}"
+        for p in sorted(TUNER.rglob("*.py"))
+        for line in private_uses(p)
+    ]
+    assert not found, found
+
+
+def test_the_private_check_sees_each_form(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    for line in (
+        "from tuner.report.markup import _e",
+        "from .markup import _p",
+        "from tuner import recipes\nrecipes._slug('x')",
+        "import argparse\nargparse._SubParsersAction",
+        "def f(parser):\n    return parser._actions",
+    ):
+        src.write_text(line + "\n")
+        assert private_uses(src), line
+    src.write_text(
+        "from tuner.recipes import slug\nclass A:\n    def f(self):\n        self._x = 1\n"
+    )
+    assert not private_uses(src)

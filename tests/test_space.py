@@ -452,3 +452,40 @@ def test_etp_on_a_dense_model_is_not_refused() -> None:
     a dense model never uses; the rule is no stricter (issue 20: the two copies disagreed)."""
     assert "dense_no_ep" not in _broken("qwen2.5-7b", 8, layout=ParallelLayout(world=8, etp=2))
     assert "dense_no_ep" in _broken("qwen2.5-7b", 8, layout=ParallelLayout(world=8, ep=2, etp=2))
+
+
+# --- one owner of the derived degrees (issue 39 item 4) ---------------------------------------
+
+
+def test_the_rollout_degrees_and_what_follows_from_them() -> None:
+    from tuner.space import ParallelLayout, RolloutDims
+
+    d = RolloutDims(world=16, tp=2, dp=4, ep=8)
+    assert (d.replica_gpus, d.replicas, d.ep_problem) == (8, 2, "")
+    assert RolloutDims(world=4, tp=8).replicas == 1  # a replica spanning more than the pool
+    assert RolloutDims(world=8, tp=2, dp=2, ep=2).ep_problem == (
+        "rollout ep(2) must be 1 or rollout tp * dp = 4"
+    )
+    with pytest.raises(ValueError, match=r"rollout dp\(0\) must be at least 1"):
+        RolloutDims(world=8, tp=2, dp=0)
+    c = Candidate(layout=ParallelLayout(world=8), rollout_tp=2, rollout_dp=2, rollout_ep=4)
+    assert RolloutDims.of(c, 8) == RolloutDims(world=8, tp=2, dp=2, ep=4)
+    assert ParallelLayout(world=16, pp=2, ep=2, etp=2).expert_dp == 2
+
+
+def test_no_module_derives_the_expert_dp_or_the_rollout_replicas_again() -> None:
+    """ParallelLayout.expert_dp and RolloutDims are the one place of each formula (issue 39:
+    expert_dp was re-derived in three modules, the replicas in three more)."""
+    import re
+    from pathlib import Path
+
+    tuner = Path(__file__).resolve().parents[1] / "tuner"
+    formulas = re.compile(r"//\s*\(\s*[\w.]*pp\s*\*\s*[\w.]*ep\s*\*|//\s*\(?\s*[\w.]*rollout_tp\b")
+    found = [
+        f"{p.relative_to(tuner.parent)}:{n}"
+        for p in sorted(tuner.rglob("*.py"))
+        if p.name != "layout.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if formulas.search(line)
+    ]
+    assert not found, found

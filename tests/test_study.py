@@ -385,7 +385,7 @@ def test_the_study_learns_time_and_memory_from_its_own_trials(workdir: Path) -> 
         assert float(r["pred_device_mem_gib"]) < oom_at
     assert all(r["pred_device_mem_corrected_gib"] for r in launched)
     assert s.launch_s == pytest.approx(sum(float(r["launch_s"]) for r in launched))
-    # the CSV keeps 6 significant digits (results.record._fmt): each row within 5e-6 of its value
+    # the CSV keeps 6 significant digits (results.record.fmt): each row within 5e-6 of its value
     assert s.measured_s == pytest.approx(
         sum(float(r["measured_s"]) for r in launched if r["measured_s"]), rel=5e-6
     )

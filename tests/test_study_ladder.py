@@ -27,7 +27,7 @@ from tuner.cli import summary_text
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import get_model
 from tuner.results import read_raw
-from tuner.runners.ladder import LadderRunner
+from tuner.runners.ladder_runner import LadderRunner
 from tuner.runners.megatron import MegatronRunner
 from tuner.runners.process import run_process
 from tuner.runners.verl import VerlRunner

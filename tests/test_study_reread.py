@@ -23,6 +23,7 @@ from tuner.results import Status, TrialRecord, read_raw
 from tuner.runners import verl_log
 from tuner.runners.estimate import EstimateRunner
 from tuner.study import TuneRequest, run_study
+from tuner.study.csv_view import write_leaderboard
 from tuner.study.reread import parser_tag
 from tuner.study.storage import (
     REREAD_ATTR,
@@ -33,7 +34,6 @@ from tuner.study.storage import (
     storage_label,
     store_record,
 )
-from tuner.study.view import write_leaderboard
 from tuner.workload import PRESETS
 
 REPO = Path(__file__).resolve().parents[1]

@@ -447,3 +447,47 @@ def test_a_trial_s_environment_reaches_verl_s_job_runtime_env(
     got = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env, resolve=True)
     assert got["env_vars"] == env
     assert got["py_executable"] is None  # verl's own key is kept
+
+
+# --- no verl key set twice (issue 39 item 1) --------------------------------------------------
+
+
+def test_no_verl_key_is_set_twice_by_the_command() -> None:
+    """Every source of the command (study, workload, knobs, critic, trainer, placement) sets keys
+    of its own, for every algorithm, dense and MoE, colocated and split: set_once refuses a key
+    two of them set, so building each command is the check."""
+    from tuner.space import ParallelLayout
+
+    cl = Cluster(gpu=get_gpu("h100"), num_gpus=2)
+    for model in ("qwen2.5-7b", "qwen3-30b-moe"):
+        m = get_model(model)
+        for algo in ("grpo", "ppo", "dapo"):
+            w = get_workload("grpo-short").with_overrides(algorithm=algo)
+            for c in (
+                Candidate(layout=ParallelLayout(world=2)),
+                Candidate(layout=ParallelLayout(world=1), rollout_gpus=1),
+            ):
+                ov = verl_command.overrides(c, m, cl, w)
+                bare = [k.lstrip("+") for k in ov]
+                assert len(bare) == len(set(bare)), (model, algo, c.rollout_gpus)
+
+
+def test_a_knob_with_the_workloads_key_is_refused() -> None:
+    """A knob of `enable_chunked_prefill`, which the workload fixes, would have replaced it
+    silently and been credited to the workload: the command refuses it, naming both."""
+    w = get_workload("grpo-short")
+    knob = {"actor_rollout_ref.rollout.enable_chunked_prefill": False}
+    with pytest.raises(ValueError, match="enable_chunked_prefill is set by the workload and by"):
+        verl_command.set_once(
+            ("the workload", verl_command.workload_overrides(w)), ("the knobs", knob)
+        )
+
+
+def test_two_knobs_of_one_verl_key_are_refused() -> None:
+    from tuner.space import Knob
+    from tuner.space.knobs import check_verl_keys
+
+    a = Knob(name="a", help="", group="kernels", cost="", verl_keys=("+x.y",))
+    b = Knob(name="b", help="", group="kernels", cost="", verl_keys=("x.y",))
+    with pytest.raises(ValueError, match="knob b: verl key x.y is already the knob a's"):
+        check_verl_keys((a, b))

@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from tuner.cli_args import storage_failure_line
-    from tuner.request import (
+    from tuner.cli_request import (
         build_request,
         build_setup,
         check_request_paths,
@@ -324,9 +324,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     import json
 
     from tuner.cli_args import finite_json
+    from tuner.cli_request import build_candidate, build_setup
     from tuner.estimate import estimate, load_profile
     from tuner.estimate.report_text import format_estimate
-    from tuner.request import build_candidate, build_setup
 
     s = build_setup(args)
     c = build_candidate(args, s)

@@ -211,7 +211,7 @@ def _add_verl_runner_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="tune", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -562,12 +562,10 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument(
         "--dry-run", action="store_true", help="print the fit, do not write the profile"
     )
+    parser.commands = tuple(sub.choices)
     return parser
 
 
-def subcommands(parser: argparse.ArgumentParser) -> set[str]:
-    """The names of the parser's subcommands (`run`, `show`, ...)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return set(action.choices)
-    return set()
+def subcommands(parser: OneLineParser) -> set[str]:
+    """The names of the parser's subcommands (`run`, `show`, ...), as build_parser declared them."""
+    return set(parser.commands)

@@ -1,6 +1,6 @@
 """The headroom pruning keeps below a GPU's capacity, per phase: one fact the cost model
 (tuner.estimate.device re-exports it), the memory fit and `--headroom-gib`'s help read. A leaf
-module (like megatron_layers and verl_settings): the command line reads it without importing the
+module (like verl_settings): the command line reads it without importing the
 cost model."""
 
 from __future__ import annotations

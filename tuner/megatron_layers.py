@@ -5,8 +5,8 @@ model.te_block_spec); chosen by `auto` where transformer_engine imports. `local`
 local layers with the worker's flash core attention and grouped-GEMM experts, what the committed
 leaderboards were measured with; chosen by `auto` elsewhere. The knobs the local layers cannot
 make are pinned (megatron.MEGATRON_PINNED); the te layers make some of them, which are then
-searched (TE_MEASURED). A leaf module (like verl_settings): the command line reads its choices
-without importing the runners."""
+searched (TE_MEASURED), as each knob's entry says (`Knob.te_runs`). The command line reads its
+choices without importing the runners."""
 
 from __future__ import annotations
 
@@ -15,32 +15,31 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner.errors import UserError
+from tuner.space.knobs import AS_CANDIDATE, KNOBS
 
 LAYER_SPEC_CHOICES = ("auto", "te", "local")
 """`--layer-spec` values (auto: te where transformer_engine imports, else local)."""
 
-TE_MEASURED = (
-    "apply_rope_fusion",
-    "bias_activation_fusion",
-    "moe_grouped_gemm",
-    "moe_permute_fusion",
-)
-"""Pinned knobs the te layers run as the candidate says (megatron-core 0.19.2, transformer-engine
-2.20.2): fused RoPE is TE's fused_apply_rotary_pos_emb_thd (models/common/embeddings/
-rope_utils.py); the SwiGLU fusion is read by the MLP and TEGroupedMLP of the te layers
-(transformer/mlp.py, moe/experts.py; the local layers keep it off, as the committed rows ran);
-moe_grouped_gemm picks TEGroupedMLP or SequentialMLP of TE linears
-(TESpecProvider.grouped_mlp_modules); the fused permute is TE's (moe/moe_utils.py fused_permute).
-Still pinned with te: gradient_accumulation_fusion (APEX's fused_weight_gradient_mlp_cuda, also
-for the output layer next to TE's layers: tensor_parallel/layers.py raises without it) and the
-MoE dispatcher (flex needs DeepEP, not TE)."""
+TE_MEASURED = tuple(k.name for k in KNOBS if k.te_runs is AS_CANDIDATE)
+"""Pinned knobs the te layers run as the candidate says (`Knob.te_runs` AS_CANDIDATE;
+megatron-core 0.19.2, transformer-engine 2.20.2): fused RoPE is TE's
+fused_apply_rotary_pos_emb_thd (models/common/embeddings/rope_utils.py); the SwiGLU fusion is read
+by the MLP and TEGroupedMLP of the te layers (transformer/mlp.py, moe/experts.py; the local layers
+keep it off, as the committed rows ran); moe_grouped_gemm picks TEGroupedMLP or SequentialMLP of
+TE linears (TESpecProvider.grouped_mlp_modules); the fused permute is TE's (moe/moe_utils.py
+fused_permute). Still pinned with te: gradient_accumulation_fusion (APEX's
+fused_weight_gradient_mlp_cuda, also for the output layer next to TE's layers:
+tensor_parallel/layers.py raises without it) and the MoE dispatcher (flex needs DeepEP, not
+TE)."""
 
-TE_PINS = (("attention_backend", "auto"),)
-"""Pins the te layers set to another value: TEDotProductAttention's kernel is left to TE
-(`auto`, as verl's preflight pins it where flash_attn is missing). `flash` needs the flash_attn
-package, which the kit does not carry, and on Hopper TE prefers its cuDNN fused attention to
-flash-attn when both can run (attention/dot_product_attention/utils.py get_attention_backend), so
-auto is fused there."""
+TE_PINS = tuple(
+    (k.name, k.te_runs) for k in KNOBS if k.te_runs is not None and k.te_runs is not AS_CANDIDATE
+)
+"""Pins the te layers set to another value (`Knob.te_runs`): TEDotProductAttention's kernel is
+left to TE (`auto`, as verl's preflight pins it where flash_attn is missing). `flash` needs the
+flash_attn package, which the kit does not carry, and on Hopper TE prefers its cuDNN fused
+attention to flash-attn when both can run (attention/dot_product_attention/utils.py
+get_attention_backend), so auto is fused there."""
 
 
 def te_present() -> bool:

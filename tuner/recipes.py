@@ -33,7 +33,7 @@ def recipe_name(c: Candidate, m: ModelSpec, cl: Cluster) -> str:
     degrees = "-".join(_split_degrees(lay)) + f"-rtp{c.rollout_tp}"
     if c.rollout_gpus:  # split placement: the rollout's GPUs, one step off-policy
         degrees += f"-split-r{c.rollout_gpus}"
-    return f"{_slug(m.name)}_{degrees}_{cl.label}.sh"
+    return f"{slug(m.name)}_{degrees}_{cl.label}.sh"
 
 
 def _split_degrees(notation: str) -> list[str]:
@@ -42,13 +42,14 @@ def _split_degrees(notation: str) -> list[str]:
     return re.findall(r"[a-z]+\d+", notation)
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
+    """`name` as a file-name part: lower case, anything but letters, digits, `-_.` as `-`."""
     return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name.lower()).strip("-")
 
 
 def model_folder(recipes_dir: Path | str, model_name: str) -> Path:
     """The folder under `recipes_dir` that a model's recipes are written to (`write`)."""
-    return Path(recipes_dir) / _slug(model_name)
+    return Path(recipes_dir) / slug(model_name)
 
 
 def shell_word(key: str, value: Any) -> str:
@@ -277,7 +278,7 @@ def origin_of(csv_path: Path, row: dict[str, str]) -> str:
 def suffix_of(study: str, trial: str) -> str:
     """`write`'s suffix for the recipe of `study`'s trial `trial`: a second study of the same
     model and GPUs gets names of its own."""
-    return f"{_slug(study)}-t{_slug(trial)}"
+    return f"{slug(study)}-t{slug(trial)}"
 
 
 def write(recipe: Recipe, directory: Path, *, suffix: str = "", owner: str = "") -> Path:

@@ -218,6 +218,26 @@ def tuner_keys() -> dict[str, str]:
     return out
 
 
+def set_once(*parts: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """The overrides of each (source, overrides) part, in order, where no verl key (its `+`
+    dropped) is set by two of them: a key set twice would run the later value while the row and
+    the recipe credit the earlier source (a knob's key that the workload also fixes). ValueError
+    naming the key and both sources otherwise."""
+    out: dict[str, Any] = {}
+    by: dict[str, str] = {}
+    for source, part in parts:
+        for key, v in part.items():
+            bare = bare_key(key)
+            if bare in by:
+                raise ValueError(
+                    f"verl key {bare} is set by {by[bare]} and by {source}: one of them must "
+                    "leave it (a knob's key is the knob's alone)"
+                )
+            by[bare] = source
+            out[key] = v
+    return out
+
+
 def overrides(
     c: Candidate,
     m: ModelSpec,
@@ -237,19 +257,29 @@ def overrides(
 
     `reward_fn` is a Python file with `compute_score(data_source, solution_str, ground_truth,
     extra_info)`, or `null` for verl's built-in scorer of each row's data_source."""
-    knobs = {**knob_overrides(c, m), **extra_megatron_overrides(c, m)}
-    out: dict[str, Any] = {
+    knobs = set_once(
+        ("the knobs", knob_overrides(c, m)), ("the MoE router", extra_megatron_overrides(c, m))
+    )
+    study = {
         "data.train_files": train_file,
         "data.val_files": train_file,
         "actor_rollout_ref.model.path": model_path,
         "reward.custom_reward_function.path": reward_fn,
-        **workload_overrides(w),
-        **knobs,
     }
-    if w.algorithm == "ppo":
-        out.update(critic_overrides(knobs, model_path))
-    out.update(trainer_overrides(cl, steps=steps, nnodes=nnodes, experiment=experiment))
-    out.update(split_overrides(c, cl))
+    critic = critic_overrides(knobs, model_path) if w.algorithm == "ppo" else {}
+    split = split_overrides(c, cl)
+    trainer = trainer_overrides(cl, steps=steps, nnodes=nnodes, experiment=experiment)
+    # a split's two pools (split_overrides) size the trainer instead of the whole cluster: its
+    # counts take the trainer's keys' places, the placement keeps the rest
+    trainer = {k: split.pop(k, v) for k, v in trainer.items()}
+    out = set_once(
+        ("the study", study),
+        ("the workload", workload_overrides(w)),
+        ("the knobs", knobs),
+        ("the critic", critic),
+        ("the trainer", trainer),
+        ("the placement", split),
+    )
     if not uses_reference_model(w):
         for key in [k for k in out if k.startswith(f"{REF}.")]:
             out.pop(key)

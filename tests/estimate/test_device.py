@@ -19,7 +19,7 @@ from tuner.estimate.device import (
     megatron_worker_gib,
 )
 from tuner.estimate.memory import DEVICE_OF
-from tuner.estimate.view import memory_view, phase_devices
+from tuner.estimate.runner_memory import memory_view, phase_devices
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import get_model
 from tuner.space import Candidate, ParallelLayout

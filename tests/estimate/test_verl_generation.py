@@ -330,7 +330,7 @@ def test_the_anchors_and_the_megatron_runners_view_count_no_sleeping_vllm() -> N
     """rollout_in_actor (verl <= 0.5) adds nothing to the training phases; the megatron runner's
     view puts its worker's memory in place of verl's context and the sleeping vLLM."""
     from tuner.estimate.device import megatron_worker_gib
-    from tuner.estimate.view import phase_devices
+    from tuner.estimate.runner_memory import phase_devices
 
     c, _ = case("3")
     two, one = predict(c).memory, predict(c, rollout_in_actor=True).memory

@@ -23,7 +23,7 @@ from tuner.estimate.device import (
     MEGATRON_WORKER_GIB,
     megatron_worker_gib,
 )
-from tuner.estimate.view import memory_view
+from tuner.estimate.runner_memory import memory_view
 from tuner.hardware import Cluster, get_gpu
 from tuner.models import get_model
 from tuner.recipes import pinned_lines

@@ -42,6 +42,10 @@ class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are a `UserError` (one line, exit 2 in `main`) instead of
     the usage block plus a message that argparse prints and exits with."""
 
+    commands: tuple[str, ...] = ()
+    """The names of its subcommands, as `tuner.cli_parser.build_parser` declares them (read
+    here, not from argparse's private `_actions`)."""
+
     def error(self, message: str) -> NoReturn:
         hint = f" (see `{self.prog} --help`)"
         raise UserError(" ".join(message.splitlines()) + hint)
@@ -276,8 +280,3 @@ def path_text(text: str) -> Path:
             f"{shown(text)} has a name longer than 255 bytes: shorten it"
         )
     return Path(text)
-
-
-def flags_of(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """Each option string of `parser` and its action (tests use it to see every flag)."""
-    return {s: a for a in parser._actions for s in a.option_strings}

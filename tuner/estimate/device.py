@@ -118,7 +118,8 @@ pass) + 2764 MiB (2.70 GiB): 1.05 GiB more, kept since its first log-prob and up
 too (`verl_training_outside_gib`): trial 4's updates of steps 2 and 3 sampled 43749 MiB, 4.05
 GiB over verl's reserved peak (38.67 GiB), where CUDA_CONTEXT_GIB + this + VLLM_ASLEEP_GIB count
 3.78; verl4k trial 3 (update peak) 70.53 GiB sampled, 4.16 over its reserved 66.37. The megatron
-runner's view counts its worker's MEGATRON_WORKER_GIB instead (view.memory_view `process_gib`)."""
+runner's view counts its worker's MEGATRON_WORKER_GIB instead (runner_memory.memory_view
+`process_gib`)."""
 
 NCCL_SIMPLE_BUFFER_MIB = 4.0
 """NCCL_BUFFSIZE default: the Simple protocol's buffer per connection (4 MiB)."""
@@ -220,7 +221,7 @@ def communicators(lay: ParallelLayout, *, moe: bool, tied: bool) -> list[Communi
     if tied:
         coll("EMBEDDING_GROUP", min(2, pp), world // pp)
     if moe:
-        edp = world // (pp * ep * etp)
+        edp = lay.expert_dp
         p2p("EXPERT_MODEL_PARALLEL_GROUP", ep, etp, ep - 1)
         coll("EXPERT_TENSOR_PARALLEL_GROUP", etp, 1)
         coll("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", etp * ep, 1)

@@ -119,7 +119,7 @@ class MemoryBreakdown:
     """cuBLAS / cuBLASLt / transformer-engine workspaces (inside the allocated peaks)."""
     cuda_context_gib: float = 0.0
     """CUDA context and loaded kernels of verl's process (outside PyTorch; the megatron runner's
-    worker holds its own in their place: view.memory_view `process_gib`)."""
+    worker holds its own in their place: runner_memory.memory_view `process_gib`)."""
     nccl_gib: float = 0.0
     """Buffers of the NCCL communicators the rank uses (outside PyTorch; device.nccl_gib)."""
     update_transient_gib: float = 0.0
@@ -240,7 +240,7 @@ def local_norms(c: Candidate) -> bool:
     kernels (its RMSNorms are torch.nn.RMSNorm): the megatron-core runner's local layers turn
     off every fusion that needs them (tuner/runners/megatron.py MEGATRON_PINNED), verl's
     defaults keep them on. What its process holds outside PyTorch is the runner's, not the
-    layers' (view.memory_view `process_gib`)."""
+    layers' (runner_memory.memory_view `process_gib`)."""
     return not (c.bias_activation_fusion or c.apply_rope_fusion or c.gradient_accumulation_fusion)
 
 
@@ -389,7 +389,7 @@ def memory_of(
     n_local = dense + expert
     weights = n_local * BF16
     grads = n_local * FP32
-    edp = lay.world // (lay.pp * lay.ep * lay.etp)
+    edp = lay.expert_dp
     optim = OPTIMIZER_BYTES * (dense / (lay.dp * lay.cp) + expert / edp)
 
     layers_stage = ctx.layers / lay.pp
@@ -459,7 +459,7 @@ def memory_of(
     kv = kv_cache_bytes(ctx, c)
     g = GIB
     # verl's processes; in the training phases the megatron runner's view puts its worker's
-    # in their place (view.memory_view `process_gib`), generation stays verl's whatever
+    # in their place (runner_memory.memory_view `process_gib`), generation stays verl's whatever
     # layers the worker builds (verl4k-h100-x1 trial 1 ran it at 72.6 GiB in real verl)
     nccl = _nccl_of(ctx, lay)
     outside = CUDA_CONTEXT_GIB + nccl

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from tuner.batching import DEFAULT_MINI_BATCHES, plan_step
 from tuner.estimate.context import Context
+from tuner.estimate.memo import memoized
 from tuner.lengths import step_lengths
 from tuner.space import Candidate
 
@@ -74,25 +75,16 @@ def micro_batches(ctx: Context, c: Candidate, log_prob: bool) -> MicroBatches:
     tokens; what is left is the granularity of one sample, and the slowest rank sets the pace,
     so its share is one mean sample more. verl 0.9.1 rounds every batch's count, forward-only
     ones too, to a multiple of microbatch_group_size_per_vp_stage (the pp size) under virtual
-    pipelining (workers/engine/megatron/transformer_impl.py forward_backward_batch). Cached
-    in the context per the knobs it reads: the memory and the time model each ask."""
-    lay = c.layout
-    key = (
-        "micro_batches",
-        log_prob,
-        lay.dp,
-        lay.cp,
-        lay.pp,
-        lay.vpp,
-        c.use_dynamic_bsz,
-        c.ppo_max_token_len_per_gpu,
-        c.log_prob_max_token_len_per_gpu,
-        c.ppo_micro_batch_size_per_gpu,
-        c.log_prob_micro_batch_size_per_gpu,
+    pipelining (workers/engine/megatron/transformer_impl.py forward_backward_batch). Memoized
+    in the context by the fields it reads (memo.memoized): the memory and the time model each
+    ask."""
+    return memoized(
+        ctx.layout_cache, ("micro_batches", log_prob), c, lambda c: _micro_batches(ctx, c, log_prob)
     )
-    hit = ctx.layout_cache.get(key)
-    if hit is not None:
-        return hit  # type: ignore[return-value]
+
+
+def _micro_batches(ctx: Context, c: Candidate, log_prob: bool) -> MicroBatches:
+    lay = c.layout
     dp = lay.dp
     if log_prob:
         tokens = ctx.tokens_step / dp
@@ -103,11 +95,9 @@ def micro_batches(ctx: Context, c: Candidate, log_prob: bool) -> MicroBatches:
         if dp > 1:
             tokens += ctx.seq_mean
     n = micro_batch_count(c, log_prob, tokens, samples, lay.pp if lay.vpp > 1 else 1)
-    out = MicroBatches(
+    return MicroBatches(
         count=n, mean_tokens=tokens / (n * lay.cp), peak_tokens=peak_micro_tokens(ctx, c, log_prob)
     )
-    ctx.layout_cache[key] = out
-    return out
 
 
 def peak_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:

@@ -34,7 +34,7 @@ from tuner.estimate.time import (
     PhaseTimes,
 )
 from tuner.hardware import GIB
-from tuner.space import Candidate
+from tuner.space import Candidate, RolloutDims
 
 
 def training_s(t: PhaseTimes) -> float:
@@ -55,7 +55,7 @@ def split_sync_s(ctx_t: Context, ctx_r: Context, c: Candidate, same_node: bool) 
     p = ctx_t.profile
     w_total = ctx_t.total_params * BF16
     link = ctx_t.nvlink if same_node else ctx_t.internode
-    replicas = max(1, ctx_r.cluster.num_gpus // (c.rollout_tp * c.rollout_dp))
+    replicas = RolloutDims.of(c, ctx_r.cluster.num_gpus).replicas
     sync = RESHARD_FIXED_S + w_total * replicas / link
     experts_tensors = 3 * ctx_t.experts if ctx_t.is_moe else 0
     tensors = ctx_t.layers * (10 + experts_tensors) + 2

@@ -24,6 +24,7 @@ from tuner.estimate.context import (
 )
 from tuner.estimate.generation import VLLM_ASYNC_SCHEDULING, generation
 from tuner.estimate.logits import DEFAULT_VERL, LOGIT_TRAFFIC_BYTES
+from tuner.estimate.memo import memoized
 from tuner.estimate.memory import (
     local_norms,
     params_local,
@@ -148,27 +149,15 @@ class _Lin:
 
 
 def _layout_lin(ctx: Context, c: Candidate) -> _Lin:
+    """A layer's time per token (slope) and per micro-batch (intercept) of each part, for the
+    candidate's layout and kernels: memoized in the context by the fields it reads
+    (memo.memoized), as every micro-batch of every phase asks."""
+    return memoized(ctx.layout_cache, ("layout_lin",), c, lambda c: _compute_layout_lin(ctx, c))
+
+
+def _compute_layout_lin(ctx: Context, c: Candidate) -> _Lin:
     lay = c.layout
     tp, cp, ep, etp, sp, world = lay.tp, lay.cp, lay.ep, lay.etp, c.sequence_parallel, lay.world
-    key = (
-        tp,
-        cp,
-        ep,
-        etp,
-        sp,
-        world,
-        c.apply_rope_fusion,
-        c.bias_activation_fusion,
-        c.masked_softmax_fusion,
-        c.gradient_accumulation_fusion,
-        c.attention_backend,
-        c.moe_token_dispatcher_type,
-        c.moe_grouped_gemm,
-        c.moe_permute_fusion,
-    )
-    hit = ctx.layout_cache.get(key)
-    if hit is not None:
-        return hit  # type: ignore[return-value]
     p = ctx.profile
     h, q, kv, f = ctx.hidden, ctx.q_dim, ctx.kv_dim, ctx.ffn
     gemm_rate = ctx.peak * p.gemm_efficiency
@@ -314,7 +303,6 @@ def _layout_lin(ctx: Context, c: Candidate) -> _Lin:
         p2p_slope=p2p,
         p2p_icpt=lat,
     )
-    ctx.layout_cache[key] = lin
     return lin
 
 
@@ -397,7 +385,7 @@ def phase_times_of(
 
     # optimizer step: grads reduce-scattered (fp32), params all-gathered (bf16), Adam on the shard
     dense, expert = params_local(ctx, lay)
-    edp = lay.world // (pp * lay.ep * lay.etp)
+    edp = lay.expert_dp
     dp_bw = ctx.nvlink if lay.world // pp <= ctx.local_gpus else ctx.internode
     g = dp * cp
     comm = 0.0

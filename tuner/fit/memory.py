@@ -24,7 +24,7 @@ from tuner.estimate.device import (
     phases_unfit,
 )
 from tuner.estimate.memory import DEVICE_OF, MemoryBreakdown
-from tuner.estimate.view import memory_view, phase_devices
+from tuner.estimate.runner_memory import memory_view, phase_devices
 from tuner.fit.notes import excluded_rows
 from tuner.fit.validate import load_cases
 from tuner.results import number, parse_extra, read_rows

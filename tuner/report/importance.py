@@ -10,8 +10,8 @@ import pandas as pd
 
 from tuner import plots
 from tuner.errors import UserError, redact
-from tuner.report.markup import _e, _figure, _p, _table
-from tuner.report.study import Study, _mode
+from tuner.report.markup import esc, figure_html, paragraph, table_html
+from tuner.report.study import Study, most_common
 from tuner.space import (
     LAYOUT_DEGREES,  # fANOVA scores them as ordered integers (log scale)
     OLD_PARAMS,
@@ -51,7 +51,7 @@ def _open_study(s: Study, storage: str | None) -> tuple[Any, str, str]:
     if storage:
         candidates = [storage]
     else:
-        named = str(_mode(s.df["storage"]) or "") if "storage" in s.df.columns else ""
+        named = str(most_common(s.df["storage"]) or "") if "storage" in s.df.columns else ""
         candidates = [storage_url(named, s.csv.parent)] if named else []
         for beside in (s.csv.with_suffix(".sqlite3"), s.csv.parent / "studies.sqlite3"):
             candidates.append(f"sqlite:///{beside}")
@@ -65,7 +65,7 @@ def _open_study(s: Study, storage: str | None) -> tuple[Any, str, str]:
             url = c
             break
     if not url:
-        tried = " or ".join(_e(redact(c)) for c in candidates)
+        tried = " or ".join(esc(redact(c)) for c in candidates)
         return (
             None,
             f"No Optuna storage found ({tried} does not exist here): pass <code>--storage</code> "
@@ -80,10 +80,10 @@ def _open_study(s: Study, storage: str | None) -> tuple[Any, str, str]:
     try:
         st = optuna.load_study(study_name=name, storage=open_storage(url))
     except KeyError:
-        return None, f"The storage {_e(redact(url))} holds no study named {_e(name)}.", ""
+        return None, f"The storage {esc(redact(url))} holds no study named {esc(name)}.", ""
     except UserError as e:
-        return None, _e(redact(str(e))), ""
-    return st, f"Study {_e(name)} in {_e(redact(url))}.", url
+        return None, esc(redact(str(e))), ""
+    return st, f"Study {esc(name)} in {esc(redact(url))}.", url
 
 
 def importance_study(
@@ -145,21 +145,21 @@ def _dashboard(url: str) -> str:
     shown = url if url.startswith("sqlite:") or "://" not in url else storage_label(url)
     return (
         "<p class='small'>Browse the study interactively: <code>pip install optuna-dashboard"
-        f" &amp;&amp; optuna-dashboard {_e(shown)}</code>.</p>"
+        f" &amp;&amp; optuna-dashboard {esc(shown)}</code>.</p>"
     )
 
 
 def section_knobs(s: Study, storage: str | None) -> str:
     st, where, url = _open_study(s, storage)
     if st is None:
-        return _p(f"Not computed. {where}")
+        return paragraph(f"Not computed. {where}")
     dash = _dashboard(url)
     import optuna
 
     done = [t for t in st.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if len(done) < MIN_IMPORTANCE_TRIALS:
         return (
-            _p(
+            paragraph(
                 f"{where} Only {len(done)} completed trials (fANOVA needs at least "
                 f"{MIN_IMPORTANCE_TRIALS} with varied knobs): not computed."
             )
@@ -173,12 +173,13 @@ def section_knobs(s: Study, storage: str | None) -> str:
         imp = optuna.importance.get_param_importances(bounded, evaluator=ev)
     except ImportError:
         return (
-            _p(f"{where} fANOVA needs scikit-learn: <code>pip install scikit-learn</code>.") + dash
+            paragraph(f"{where} fANOVA needs scikit-learn: <code>pip install scikit-learn</code>.")
+            + dash
         )
     except (RuntimeError, ValueError) as e:
-        return _p(f"{where} fANOVA could not run: {_e(str(e).splitlines()[0])}.") + dash
+        return paragraph(f"{where} fANOVA could not run: {esc(str(e).splitlines()[0])}.") + dash
     if not imp:
-        return _p(f"{where} No knob varied across the completed trials.") + dash
+        return paragraph(f"{where} No knob varied across the completed trials.") + dash
     series = pd.Series(imp, dtype="float64")
     fig, ax = plots.new_figure(8.5, 0.35 * len(series) + 1.4)
     plots.draw_importances(ax, series)
@@ -190,15 +191,15 @@ def section_knobs(s: Study, storage: str | None) -> str:
     if left_out:
         note = (
             f" Left out ({len(left_out)}, more than {MAX_IMPORTANCE_CHOICES} choices): "
-            f"{_e(', '.join(left_out))}; the layout is scored as its degrees."
+            f"{esc(', '.join(left_out))}; the layout is scored as its degrees."
         )
     return (
-        _p(
+        paragraph(
             f"{where} fANOVA (Optuna's FanovaImportanceEvaluator) over {used} completed "
-            f"trials{' (the latest)' if used < len(done) else ''}: <strong>{_e(top)}</strong> "
+            f"trials{' (the latest)' if used < len(done) else ''}: <strong>{esc(top)}</strong> "
             f"explains {series.max():.0%} of the variance of the {s.what}throughput.{note}"
         )
-        + _figure(fig, "parameter importances")
-        + _table(table)
+        + figure_html(fig, "parameter importances")
+        + table_html(table)
         + dash
     )

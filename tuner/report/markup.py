@@ -1,4 +1,4 @@
-"""The report's HTML pieces: escaped text, paragraphs, inline figures, tables, row labels."""
+"""The report's HTML pieces: esc text, paragraphs, inline figures, tables, row labels."""
 
 from __future__ import annotations
 
@@ -12,26 +12,29 @@ from tuner import plots
 from tuner.report.study import num
 
 
-def _e(x: Any) -> str:
+def esc(x: Any) -> str:
+    """`x` as HTML text (quotes esc too)."""
     return html.escape(str(x), quote=True)
 
 
-def _p(text: str, cls: str = "") -> str:
+def paragraph(text: str, cls: str = "") -> str:
+    """A `<p>` of HTML `text`, of class `cls` where given."""
     c = f' class="{cls}"' if cls else ""
     return f"<p{c}>{text}</p>"
 
 
-def _figure(fig: Any, alt: str, caption: str = "") -> str:
+def figure_html(fig: Any, alt: str, caption: str = "") -> str:
+    """A matplotlib figure as an inline PNG `<figure>`, with its alt text and caption."""
     width, height = (int(round(v * 96)) for v in fig.get_size_inches())
     data = plots.png_base64(fig)
-    cap = f"<figcaption>{_e(caption)}</figcaption>" if caption else ""
+    cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
     return (
-        f'<figure><img src="data:image/png;base64,{data}" alt="{_e(alt)}" width="{width}" '
+        f'<figure><img src="data:image/png;base64,{data}" alt="{esc(alt)}" width="{width}" '
         f'height="{height}">{cap}</figure>'
     )
 
 
-def _table(df: pd.DataFrame, index: bool = False) -> str:
+def table_html(df: pd.DataFrame, index: bool = False) -> str:
     """A table by pandas: numbers formatted as in `tune show`, empty cells blank."""
     out = df.copy()
     for c in out.columns:
@@ -54,7 +57,7 @@ def _layout(r: pd.Series) -> str:
     return f"{r['train_parallel']}{rollout}{split}"
 
 
-def _label(r: pd.Series) -> str:
+def row_label(r: pd.Series) -> str:
     """`trial 4 ep2 / rollout tp1`, `dapo7b.csv trial 5 tp4 / rollout tp1`, with the origin of
     a reference layout run in the study: `trial 1 tp2 / rollout tp1 [reference tp2]`."""
     if r["source"] == "reference":
@@ -63,7 +66,8 @@ def _label(r: pd.Series) -> str:
     return f"trial {r['trial']} {_layout(r)}{origin}"
 
 
-def _has(v: Any) -> bool:
+def has_value(v: Any) -> bool:
+    """`v` is a value a cell shows (not None, NaN or empty)."""
     return (
         v is not None
         and v is not pd.NA
@@ -72,7 +76,9 @@ def _has(v: Any) -> bool:
     )
 
 
-def _cell(v: Any) -> str:
+def cell_html(v: Any) -> str:
+    """A cell's text: a float as `tune show` formats numbers, a boolean as True/False, anything
+    else as str()."""
     if isinstance(v, float | np.floating):
         return num(v)
     if isinstance(v, np.bool_ | bool):

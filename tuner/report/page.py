@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tuner.report.importance import section_knobs
-from tuner.report.markup import _e, _p
+from tuner.report.markup import esc, paragraph
 from tuner.report.sections import (
     section_answer,
     section_cost,
@@ -58,24 +58,24 @@ def build_report(csv: Path, *, storage: str | None = None, references: Sequence[
     kind = "estimates (cost model, nothing measured)" if s.estimates else "measured"
     banner = ""
     if s.estimates:
-        banner = _p(
+        banner = paragraph(
             "<strong>Estimates.</strong> Every number on this page comes from the cost model "
             "(<code>source=estimate</code>): no GPU ran these trials. Measure the best rows with "
             "<code>--runner megatron</code> or <code>verl</code> before relying on them.",
             "banner",
         )
     elif s.df.empty:
-        banner = _p(
+        banner = paragraph(
             "<strong>Empty leaderboard.</strong> It has a header but no rows yet.", "banner"
         )
     where = f"{s.num_gpus} × {s.gpu}" if s.gpu else "unknown GPUs"
     models = ", ".join(sorted({str(m) for m in s.df["model"].unique() if m})) or "-"
-    meta = _p(
-        f"Leaderboard <code>{_e(csv)}</code>: {len(s.df)} rows, model {_e(models)}, "
-        f"{_e(where)}, {_e(kind)}." + (f" {_e(' '.join(s.notes))}" if s.notes else ""),
+    meta = paragraph(
+        f"Leaderboard <code>{esc(csv)}</code>: {len(s.df)} rows, model {esc(models)}, "
+        f"{esc(where)}, {esc(kind)}." + (f" {esc(' '.join(s.notes))}" if s.notes else ""),
         "meta",
     )
-    nav = "<nav>" + "".join(f'<a href="#{i}">{_e(h)}</a>' for i, h in SECTIONS) + "</nav>"
+    nav = "<nav>" + "".join(f'<a href="#{i}">{esc(h)}</a>' for i, h in SECTIONS) + "</nav>"
     bodies = {
         "answer": section_answer(s),
         "progress": section_progress(s),
@@ -87,13 +87,13 @@ def build_report(csv: Path, *, storage: str | None = None, references: Sequence[
         "prediction": section_prediction(s),
     }
     sections = "".join(
-        f'<section id="{i}"><h2>{_e(h)}</h2>{bodies[i]}</section>' for i, h in SECTIONS
+        f'<section id="{i}"><h2>{esc(h)}</h2>{bodies[i]}</section>' for i, h in SECTIONS
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>verl-tuner report: {_e(title)}</title><style>{_CSS}</style></head>"
-        f"<body><main><h1>verl-tuner report: {_e(title)}</h1>{meta}{banner}{nav}"
+        f"<title>verl-tuner report: {esc(title)}</title><style>{_CSS}</style></head>"
+        f"<body><main><h1>verl-tuner report: {esc(title)}</h1>{meta}{banner}{nav}"
         f"{sections}</main></body></html>\n"
     )
 

@@ -13,7 +13,15 @@ import pandas as pd
 
 from tuner import plots
 from tuner.leaderboard import PREDICTED_PRUNED
-from tuner.report.markup import _cell, _e, _figure, _has, _label, _p, _table
+from tuner.report.markup import (
+    cell_html,
+    esc,
+    figure_html,
+    has_value,
+    paragraph,
+    row_label,
+    table_html,
+)
 from tuner.report.study import NOT_MEASURED_SOURCES, Study, median_abs_error, num
 from tuner.results import COLUMNS
 from tuner.results.scope import GEN_TRAIN, MEANINGS, TRAIN_ONLY
@@ -49,9 +57,9 @@ def section_answer(s: Study) -> str:
     status_text = ", ".join(f"{int(n)} {k}" for k, n in counts.items()) or "no rows"
     if b is None:
         why = "The leaderboard has no rows yet." if df.empty else "No trial finished ok."
-        return _p(f"<strong>No answer yet.</strong> {why} Rows by status: {_e(status_text)}.") + _p(
-            "See <a href='#failures'>Failures by reason</a> for what went wrong."
-        )
+        return paragraph(
+            f"<strong>No answer yet.</strong> {why} Rows by status: {esc(status_text)}."
+        ) + paragraph("See <a href='#failures'>Failures by reason</a> for what went wrong.")
     mem_val = b.get(s.mem)
     mem_kind = "predicted" if s.estimates else "measured"
     mem_name = "device used" if s.mem == "peak_mem_device_gib" else "allocated"
@@ -61,23 +69,23 @@ def section_answer(s: Study) -> str:
     where = f"{b['num_gpus']} × {b['gpu']}" if b["gpu"] else f"{b['num_gpus']} GPUs"
     tput = float(b["tokens_per_s_per_gpu"])
     head = (
-        f'<div class="answer" data-best-trial="{_e(b["trial"])}" '
+        f'<div class="answer" data-best-trial="{esc(b["trial"])}" '
         f'data-best-tokens-per-s-per-gpu="{tput:.6g}">'
-        f"<p class='big'>Best configuration: <strong>{_e(_label(b))}</strong> on {_e(where)}"
-        f" ({_e(b['model'])}): <strong>{num(tput)} {s.what}tokens/s/GPU</strong>"
-        f"{_e(_scope_words(b))}, peak {_e(mem_text)}.</p>"
+        f"<p class='big'>Best configuration: <strong>{esc(row_label(b))}</strong> on {esc(where)}"
+        f" ({esc(b['model'])}): <strong>{num(tput)} {s.what}tokens/s/GPU</strong>"
+        f"{esc(_scope_words(b))}, peak {esc(mem_text)}.</p>"
     )
     head += _scope_note(s)
     ratio = ""
     r = s.best_ref
     if r is not None:
         x = tput / float(r["tokens_per_s_per_gpu"])
-        ratio = _p(
+        ratio = paragraph(
             f'<span data-ratio="{x:.4g}"><strong>{x:.2f}×</strong></span> the best reference on '
-            f"the same GPUs: {_e(_label(r))}, {num(r['tokens_per_s_per_gpu'])} tokens/s/GPU."
+            f"the same GPUs: {esc(row_label(r))}, {num(r['tokens_per_s_per_gpu'])} tokens/s/GPU."
         )
     else:
-        ratio = _p(
+        ratio = paragraph(
             "No reference row with a throughput on the same model and GPUs: no ratio. Pass "
             "<code>--reference CSV</code> with reference rows of this GPU kind and count, or "
             "run the study with its warm start (it tries the reference layouts first)."
@@ -86,20 +94,22 @@ def section_answer(s: Study) -> str:
     export = f"tune export {s.csv} --rank 1"
     cmd = (
         "<p>Reproduce it (a runnable verl script under recipes/):</p>"
-        f"<pre><code>{_e(export)}</code></pre>"
-        f"<p class='small'>Rank 1 is trial {_e(b['trial'])} today; "
-        f"<code>--trial {_e(b['trial'])}</code> names it for good.</p>"
+        f"<pre><code>{esc(export)}</code></pre>"
+        f"<p class='small'>Rank 1 is trial {esc(b['trial'])} today; "
+        f"<code>--trial {esc(b['trial'])}</code> names it for good.</p>"
     )
     groups = []
     for group, names in KNOB_GROUPS:
-        cells = [f"{c} {_cell(b.get(c))}" for c in names if c in df.columns and _has(b.get(c))]
+        cells = [
+            f"{c} {cell_html(b.get(c))}" for c in names if c in df.columns and has_value(b.get(c))
+        ]
         if group == "pipeline" and all(str(b.get(c)) in ("0", "<NA>") for c in names):
             continue  # even stages
         if cells:
             groups.append({"knobs": group, "values": " · ".join(cells)})
     table = pd.DataFrame(groups)
-    rows = _p(f"{len(df)} rows: {_e(status_text)}.")
-    return head + ratio + cmd + rows + "</div>" + _table(table)
+    rows = paragraph(f"{len(df)} rows: {esc(status_text)}.")
+    return head + ratio + cmd + rows + "</div>" + table_html(table)
 
 
 def _scope_words(b: pd.Series) -> str:
@@ -114,15 +124,15 @@ def _scope_note(s: Study) -> str:
     b, out = s.best, ""
     if b is not None and str(b.get("scope", "")) in (TRAIN_ONLY, GEN_TRAIN):
         step, gen = b.get("pred_step_s"), b.get("pred_generation_s")
-        if _has(step):
+        if has_value(step):
             part = f", of which generation {num(gen)} s" if str(b["scope"]) == TRAIN_ONLY else ""
-            out += _p(
+            out += paragraph(
                 f"The whole step is not measured for this row: the cost model predicts "
                 f"{num(step)} s{part} (predicted; not added to the measured phases)."
             )
     scopes = sorted({str(x) for x in s.ok.loc[~s.ok["is_reference"], "scope"]} - {""})
     if len(scopes) > 1:
-        out += _p(
+        out += paragraph(
             "The ok rows' throughputs cover different parts of the step ("
             + "; ".join(f"{sc}: {MEANINGS.get(sc, sc)}" for sc in scopes)
             + "): compare rows within one scope (tune show's scope column).",
@@ -141,14 +151,14 @@ def _published_note(s: Study) -> str:
         wl = ""
         if s.best is not None and "max_response_len" in refs.columns:
             a, b = same["max_response_len"].dropna(), s.best.get("max_response_len")
-            if len(a) and _has(b) and int(a.iloc[0]) != int(b):
+            if len(a) and has_value(b) and int(a.iloc[0]) != int(b):
                 wl = (
                     f" Their workload differs (responses up to {int(a.iloc[0])} tokens, here "
                     f"{int(b)}): compare with care."
                 )
-        return _p(
-            f"Published references ({_e(names)}): {len(same)} rows on {s.num_gpus} × "
-            f"{_e(s.gpu)}.{_e(wl)}",
+        return paragraph(
+            f"Published references ({esc(names)}): {len(same)} rows on {s.num_gpus} × "
+            f"{esc(s.gpu)}.{esc(wl)}",
             "small",
         )
     kinds = (
@@ -157,9 +167,9 @@ def _published_note(s: Study) -> str:
         .to_dict()
     )
     have = "; ".join(f"{g}: {n} GPUs" for g, n in kinds.items() if g) or "none"
-    return _p(
-        f"Published references ({_e(names)}) have no row on {s.num_gpus} × {_e(s.gpu)} "
-        f"(they ran on {_e(have)}): not compared.",
+    return paragraph(
+        f"Published references ({esc(names)}) have no row on {s.num_gpus} × {esc(s.gpu)} "
+        f"(they ran on {esc(have)}): not compared.",
         "small",
     )
 
@@ -167,7 +177,7 @@ def _published_note(s: Study) -> str:
 def section_progress(s: Study) -> str:
     df = s.df
     if df.empty:
-        return _p("No trials yet.")
+        return paragraph("No trials yet.")
     ran = "estimated" if s.estimates else "launched"
     kind = pd.Series(f"{ran}, ok", index=df.index)
     kind[df["status"].isin(plots.LAUNCHED_FAILED)] = f"{ran}, failed"
@@ -181,27 +191,27 @@ def section_progress(s: Study) -> str:
     text = ""
     if s.best is not None:
         first = int(s.best["trial"])
-        text = _p(
+        text = paragraph(
             f"The best row was found at trial {first} of {len(df)} "
             f"({int(kind.str.startswith(ran).sum())} {launched_word}, "
             f"{int((kind == 'pruned by prediction (not launched)').sum())} pruned before launch)."
         )
     return (
         text
-        + _figure(
+        + figure_html(
             fig,
             "best-so-far throughput by trial",
             "Blue: ok trials; red line: best so far; red x: launched and failed; grey triangles: "
             "pruned by the cost model before launch; orange squares: stopped early as slow.",
         )
-        + _table(counts)
+        + table_html(counts)
     )
 
 
 def section_memory(s: Study) -> str:
     ok = s.ok
     if ok.empty or ok[s.mem].isna().all():
-        return _p("No ok row with a peak memory: nothing to draw.")
+        return paragraph("No ok row with a peak memory: nothing to draw.")
     headroom = None
     if "pred_headroom_gib" in ok.columns and ok["pred_headroom_gib"].notna().any():
         headroom = float(ok["pred_headroom_gib"].median())
@@ -225,13 +235,15 @@ def section_memory(s: Study) -> str:
         left = s.capacity_gib - float(s.best[s.mem])
         table["headroom_gib"] = s.capacity_gib - table[s.mem]
         text += (
-            f" The best row peaks at {num(s.best[s.mem])} GiB of the {_e(s.gpu)}'s "
+            f" The best row peaks at {num(s.best[s.mem])} GiB of the {esc(s.gpu)}'s "
             f"{num(s.capacity_gib)} GiB: {num(left)} GiB headroom."
         )
     if headroom:
         text += f" The study kept {num(headroom)} GiB free when it decided what fits."
     return (
-        _p(text) + _figure(fig, "throughput vs peak memory with the Pareto front") + _table(table)
+        paragraph(text)
+        + figure_html(fig, "throughput vs peak memory with the Pareto front")
+        + table_html(table)
     )
 
 
@@ -253,13 +265,13 @@ def phase_table(s: Study) -> pd.DataFrame:
     measured_word = "estimated" if s.estimates else "measured"
     out = []
     for _, r in rows.iterrows():
-        base = _label(r)
+        base = row_label(r)
         meas = {p: r.get(f"{p}_s") for p in plots.PHASES}
         word = "published" if r["source"] == "reference" else measured_word
-        if any(_has(v) for v in meas.values()):
+        if any(has_value(v) for v in meas.values()):
             out.append({"row": f"{base} {word}", **meas})
         pred = {p: r.get(f"pred_{p}_s") for p in plots.PHASES}
-        if any(_has(v) for v in pred.values()) and not s.estimates:
+        if any(has_value(v) for v in pred.values()) and not s.estimates:
             out.append({"row": f"{base} predicted", **pred})
     if not out:
         return pd.DataFrame(columns=list(plots.PHASES))
@@ -270,7 +282,7 @@ def phase_table(s: Study) -> pd.DataFrame:
 def section_phases(s: Study) -> str:
     table = phase_table(s)
     if table.empty or table.isna().all().all():
-        return _p("No row has phase times.")
+        return paragraph("No row has phase times.")
     table = table.loc[:, table.notna().any()]
     fig, ax = plots.new_figure(10, 0.42 * len(table) + 1.6)
     plots.draw_phases(ax, table)
@@ -279,15 +291,15 @@ def section_phases(s: Study) -> str:
     shown["sum_s"] = shown.sum(axis=1, min_count=1)
     note = ""
     if not s.estimates and (s.ok["source"] == "megatron").any():
-        note = _p(
+        note = paragraph(
             "The megatron runner measures the actor update only; the other phases appear as "
             "predicted.",
             "small",
         )
     return (
         note
-        + _figure(fig, "seconds per phase of the best and reference rows")
-        + _table(shown.rename_axis("row").reset_index())
+        + figure_html(fig, "seconds per phase of the best and reference rows")
+        + table_html(shown.rename_axis("row").reset_index())
     )
 
 
@@ -332,7 +344,7 @@ def failure_kinds(df: pd.DataFrame) -> pd.DataFrame:
 def section_failures(s: Study) -> str:
     bad = failure_kinds(s.df)
     if bad.empty:
-        return _p("Every trial finished ok." if len(s.df) else "No trials yet.")
+        return paragraph("Every trial finished ok." if len(s.df) else "No trials yet.")
     counts = bad["kind"].value_counts()
     fig, ax = plots.new_figure(8, 0.4 * len(counts) + 1.5)
     plots.draw_failures(ax, counts)
@@ -346,13 +358,13 @@ def section_failures(s: Study) -> str:
     by = by.drop(columns="reason_kind")
     launched = bad[~bad["status"].isin(PREDICTED_PRUNED)]
     return (
-        _p(
+        paragraph(
             f"{len(bad)} of {len(s.df)} trials did not finish ok: {len(launched)} "
             f"{'estimated' if s.estimates else 'launched'} and failed, "
             f"{len(bad) - len(launched)} pruned before launch."
         )
-        + _figure(fig, "failures by kind")
-        + _table(by)
+        + figure_html(fig, "failures by kind")
+        + table_html(by)
     )
 
 
@@ -360,7 +372,7 @@ def section_cost(s: Study) -> str:
     df = s.df
     launched = df[~df["status"].isin(PREDICTED_PRUNED) & (df["source"] != "reference")]
     if launched.empty:
-        return _p("Nothing was launched.")
+        return paragraph("Nothing was launched.")
     gpu_s = (launched["duration_s"] * launched["num_gpus"].astype("float64")).sum(min_count=1)
     wall = launched["duration_s"].sum(min_count=1)
     if s.estimates:
@@ -415,18 +427,18 @@ def section_cost(s: Study) -> str:
                 "value": f"{float(b['tokens_per_s_per_gpu']) * n * 86400:,.0f}",
             }
         ]
-    return _p(text) + (_table(pd.DataFrame(rows)) if rows else "")
+    return paragraph(text) + (table_html(pd.DataFrame(rows)) if rows else "")
 
 
 def section_prediction(s: Study) -> str:
     if s.estimates:
-        return _p(
+        return paragraph(
             "Estimate-only study: nothing was measured, so there is nothing to compare the "
             "cost model with. Run with <code>--runner megatron</code> or <code>verl</code> on GPUs."
         )
     ok = s.ok[~s.ok["source"].isin(NOT_MEASURED_SOURCES)]
     if ok.empty:
-        return _p("No measured ok row: nothing to compare.")
+        return paragraph("No measured ok row: nothing to compare.")
     pairs = [("throughput", "tokens_per_s_per_gpu", "pred_tokens_per_s_per_gpu", "tokens/s/GPU")]
     if ok.get("peak_mem_device_gib", pd.Series(dtype=float)).notna().any() and (
         ok.get("pred_device_mem_gib", pd.Series(dtype=float)).notna().any()
@@ -457,7 +469,7 @@ def section_prediction(s: Study) -> str:
         if len(shown) < 2:
             shown.append((what, m, pcol, unit))
     if not rows:
-        return _p("No measured row has a prediction beside it.")
+        return paragraph("No measured row has a prediction beside it.")
     fig, axes = plots.new_figure(11, 4.4, ncols=len(shown))
     for ax, (what, m, pcol, unit) in zip(axes[0], shown, strict=False):
         both = ok[m].notna() & ok[pcol].notna()
@@ -466,19 +478,19 @@ def section_prediction(s: Study) -> str:
     t = pd.DataFrame(rows)
     first = t.iloc[0]
     return (
-        _p(
+        paragraph(
             f"Median absolute error of the prediction over {int(first['rows'])} measured ok "
             "rows: throughput <strong "
             f"data-median-error-throughput='{first['median_abs_error_pct']}'>"
             f"{first['median_abs_error_pct']:.0f}%</strong>"
             + (
-                f", {_e(t.iloc[1]['measure'])} <strong>{t.iloc[1]['median_abs_error_pct']:.0f}%"
+                f", {esc(t.iloc[1]['measure'])} <strong>{t.iloc[1]['median_abs_error_pct']:.0f}%"
                 "</strong>"
                 if len(t) > 1
                 else ""
             )
             + ". Error = (predicted − measured) / measured."
         )
-        + _figure(fig, "predicted vs measured")
-        + _table(t)
+        + figure_html(fig, "predicted vs measured")
+        + table_html(t)
     )

@@ -96,7 +96,8 @@ class Study:
         return "estimated " if self.estimates else ""
 
 
-def _mode(s: pd.Series) -> Any:
+def most_common(s: pd.Series) -> Any:
+    """The most common non-empty value of `s` (None where it has none)."""
     s = s.dropna()
     s = s[s.astype(str) != ""]
     return s.mode().iloc[0] if len(s) else None
@@ -109,7 +110,7 @@ def load_study(csv: Path, references: Sequence[Path] = ()) -> Study:
             f"{csv} is a published reference CSV: report on a leaderboard that `tune` wrote "
             "(pass this file with --reference)"
         )
-    family = _mode(df["model_family"]) or ""
+    family = most_common(df["model_family"]) or ""
     ref_files = tuple(references) if references else tuple(default_references(family))
     refs = load_leaderboard(ref_files) if ref_files else df.iloc[0:0]
     if len(refs):
@@ -126,8 +127,8 @@ def load_study(csv: Path, references: Sequence[Path] = ()) -> Study:
     ok = df[(df["status"] == "ok") & df["tokens_per_s_per_gpu"].notna()]
     ok = ok.sort_values(["tokens_per_s_per_gpu", "trial"], ascending=[False, True])
     best = ok.iloc[0] if len(ok) else None
-    gpu = str(_mode(df["gpu"]) or "")
-    n_gpus = _mode(df["num_gpus"])
+    gpu = str(most_common(df["gpu"]) or "")
+    n_gpus = most_common(df["num_gpus"])
     best_ref = None
     if best is not None:
         table = best_reference(both)

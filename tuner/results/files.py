@@ -13,7 +13,13 @@ from typing import Any
 
 from tuner.errors import UserError
 from tuner.fileio import write_atomic
-from tuner.results.record import _VERSION, COLOCATED_ONLY_OMITTED, COLUMNS, _fmt, upgrade_row
+from tuner.results.record import (
+    COLOCATED_ONLY_OMITTED,
+    COLUMNS,
+    SCHEMA_VERSION_CELL,
+    fmt,
+    upgrade_row,
+)
 
 
 def csv_text(rows: Iterable[dict[str, str]]) -> str:
@@ -67,9 +73,9 @@ def upsert_row(path: Path, row: dict[str, Any]) -> None:
         rows = [upgrade_row(r) for r in read_raw(path)] if path.exists() else []
         key = (str(row.get("study", "")), str(row.get("trial", "")))
         rows = [r for r in rows if (r.get("study", ""), r.get("trial", "")) != key]
-        rows.append({k: _fmt(v) for k, v in row.items()})
+        rows.append({k: fmt(v) for k, v in row.items()})
         rows.sort(key=lambda r: (r.get("study", ""), int(r.get("trial") or 0)))
-        write_atomic(path, csv_text({**r, "schema_version": _VERSION} for r in rows))
+        write_atomic(path, csv_text({**r, "schema_version": SCHEMA_VERSION_CELL} for r in rows))
 
 
 def read_raw(path: Path) -> list[dict[str, str]]:
@@ -138,7 +144,7 @@ def normalize_reference(r: dict[str, str], path: Path) -> dict[str, str]:
         out["status"] = "no-data"
     if out.get("mfu"):  # verl's perf/mfu/actor of the published runs, a fraction
         with contextlib.suppress(ValueError):
-            out["verl_mfu_actor_pct"] = _fmt(float(out.pop("mfu")) * 100)
+            out["verl_mfu_actor_pct"] = fmt(float(out.pop("mfu")) * 100)
     return out
 
 

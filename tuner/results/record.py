@@ -232,10 +232,10 @@ def upgrade_row(d: dict[str, Any]) -> dict[str, Any]:
 
     def put(key: str, v: float) -> None:
         if num(out.get(key)) is None:
-            out[key] = _fmt(v) if text else v
+            out[key] = fmt(v) if text else v
 
     def keep(key: str, v: float) -> None:  # a CSV's `extra` holds text, a record's numbers
-        extra[key] = _fmt(v) if text else v
+        extra[key] = fmt(v) if text else v
 
     if text and str(d["schema_version"]) == "1":  # schema 1 kept these in `extra`
         for k in ("origin", "launch_s"):
@@ -249,7 +249,7 @@ def upgrade_row(d: dict[str, Any]) -> dict[str, Any]:
     megatron = source == "megatron"
     if megatron and logp is not None and run and per_step and OLD_LOG_PROB_RUN not in extra:
         keep(OLD_LOG_PROB_RUN, logp)
-        out["old_log_prob_s"] = _fmt(logp * per_step / run) if text else logp * per_step / run
+        out["old_log_prob_s"] = fmt(logp * per_step / run) if text else logp * per_step / run
     if mfu is not None:
         if source in ("verl", "reference"):
             put("verl_mfu_actor_pct", mfu)
@@ -268,9 +268,9 @@ def upgrade_row(d: dict[str, Any]) -> dict[str, Any]:
     elif text and str(mfu_cell or "").strip():  # not a number: kept for the readers to refuse
         verl = source in ("verl", "reference")
         out["verl_mfu_actor_pct" if verl else "mfu_update_pct"] = mfu_cell
-    out["extra"] = extra if isinstance(raw_extra, dict) or not text else _fmt(extra)
+    out["extra"] = extra if isinstance(raw_extra, dict) or not text else fmt(extra)
     if text:
-        out["schema_version"] = _VERSION
+        out["schema_version"] = SCHEMA_VERSION_CELL
     return out
 
 
@@ -368,7 +368,8 @@ MEASURE_COLUMNS = MEASURES
 PRED_COLUMNS = tuple(f for f in _RECORD_FIELDS if f.startswith("pred_"))
 NUMERIC = frozenset(c for c, t in COLUMN_TYPES.items() if t in (int, float))
 """The columns of numbers (counts and measures, knobs included): a text table formats them."""
-_VERSION = str(SCHEMA_VERSION)
+SCHEMA_VERSION_CELL = str(SCHEMA_VERSION)
+"""The `schema_version` cell of a row this version writes."""
 
 
 COLOCATED_ONLY_OMITTED = ("rollout_gpus",)
@@ -381,21 +382,23 @@ colocated record's row leaves them out too (`row_of`)."""
 def row_of(d: dict[str, Any]) -> dict[str, str]:
     """A CSV row (every column, text) from a record's `to_dict()`; a colocated record's without
     COLOCATED_ONLY_OMITTED."""
-    row = {c: _fmt(d.get(c)) for c in COLUMNS}
-    row["schema_version"] = _VERSION
+    row = {c: fmt(d.get(c)) for c in COLUMNS}
+    row["schema_version"] = SCHEMA_VERSION_CELL
     for c in COLOCATED_ONLY_OMITTED:
         if row[c] in ("", "0"):
             del row[c]
     return row
 
 
-def _fmt(v: Any) -> str:
+def fmt(v: Any) -> str:
+    """A value as its leaderboard cell: None empty, a float to 6 significant digits (a
+    non-finite one empty), a dict as `k=v;...` (`extra`), anything else as str()."""
     if v is None:
         return ""
     if isinstance(v, float):
         return f"{v:.6g}" if math.isfinite(v) else ""  # a leaderboard's numbers are finite
     if isinstance(v, dict):
-        return ";".join(f"{k}={_fmt(x)}" for k, x in v.items())
+        return ";".join(f"{k}={fmt(x)}" for k, x in v.items())
     return str(v)
 
 

@@ -75,7 +75,7 @@ def make_runner(name: str, **options: object) -> Runner:
 
         return VerlRunner(**options)  # type: ignore[arg-type]
     if name == "ladder":  # options: fast= (the megatron runner's), confirm= (verl's), confirm_top=
-        from tuner.runners.ladder import LadderRunner
+        from tuner.runners.ladder_runner import LadderRunner
 
         fast, confirm = dict(options.pop("fast", {})), dict(options.pop("confirm", {}))  # type: ignore[call-overload]
         return LadderRunner(

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.estimate import Estimate
-from tuner.estimate.view import memory_view
+from tuner.estimate.runner_memory import memory_view
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
 from tuner.results import TrialResult

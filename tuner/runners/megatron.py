@@ -66,7 +66,7 @@ from tuner.runners.megatron_worker.protocol import ProgressWatch
 from tuner.runners.megatron_worker.spec import layout_to_dict
 from tuner.runners.megatron_worker.trial import more_steps, plan_phase
 from tuner.runners.process import Launch, ProcessResult, run_process
-from tuner.space import KNOBS, Candidate, SpaceLimits, check_pins, worker_values
+from tuner.space import KNOBS, Candidate, RolloutDims, SpaceLimits, check_pins, worker_values
 from tuner.workload import Workload
 
 __all__ = ["MegatronRunner", "megatron_refusals", "to_trial_result", "worker_spec"]
@@ -100,29 +100,13 @@ WORKER_ENV = {
     # Fewer allocator splits between trials of a pool.
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
 }
-KERNEL_PIN_ORDER = (
-    "apply_rope_fusion",
-    "bias_activation_fusion",
-    "gradient_accumulation_fusion",
-    "attention_backend",
-    "moe_token_dispatcher_type",
-    "moe_grouped_gemm",
-    "moe_permute_fusion",
-)
-"""The order of the kernel pins in MEGATRON_PINNED, not the table's: the one they had when the
-pins were a hand list, which stored study fingerprints (SpaceLimits.summary) and the committed
-recipes' pinned blocks spell. Their values are the table's (`Knob.worker_runs`); a knob given a
-`worker_runs` since comes after these, in table order."""
 
 
 def _pins() -> tuple[tuple[str, Any], ...]:
     rollout = [k for k in KNOBS if k.group == "rollout" and k.choices is not None]
-    kernels = sorted(
-        (k for k in KNOBS if k.worker_runs is not None),
-        key=lambda k: (
-            KERNEL_PIN_ORDER.index(k.name) if k.name in KERNEL_PIN_ORDER else len(KERNEL_PIN_ORDER)
-        ),
-    )
+    kernels = [k for k in KNOBS if k.worker_runs is not None]
+    last = len(kernels)
+    kernels.sort(key=lambda k: last if k.pin_rank is None else k.pin_rank)  # stable: table order
     return tuple((k.name, k.field_default) for k in rollout) + tuple(
         (k.name, k.worker_runs) for k in kernels
     )
@@ -132,8 +116,9 @@ MEGATRON_PINNED = _pins()
 """Knobs the worker does not measure, at the value it runs: generation (vLLM is not run), every
 sampled knob of the rollout group at its Candidate field's default (0 batched tokens: prompt +
 response), then the kernel choices it cannot make here, at the value it runs instead
-(`Knob.worker_runs`: local layers, flash kernels, grouped-GEMM experts, alltoall dispatch), so
-no trial is spent on a knob it ignores. The log-prob knobs and use_fused_kernels are measured.
+(`Knob.worker_runs`: local layers, flash kernels, grouped-GEMM experts, alltoall dispatch; in the
+order stored fingerprints spell them, `Knob.pin_rank`, a newer one after them), so no trial is
+spent on a knob it ignores. The log-prob knobs and use_fused_kernels are measured.
 Checked on import (check_pins)."""
 check_pins(MEGATRON_PINNED)
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
@@ -389,7 +374,7 @@ class MegatronRunner(Runner):
                 cwd=d,
                 poll=watch.poll if spec.should_stop else None,
             )
-        replicas = max(1, spec.cluster.num_gpus // spec.candidate.rollout_tp)
+        replicas = RolloutDims.of(spec.candidate, spec.cluster.num_gpus).replicas
         return finish(
             to_trial_result(out, paths[RESULT_NAME], wspec, spec, watch), gen, replicas=replicas
         )

@@ -56,7 +56,7 @@ from tuner.runners.megatron_pool import WorkerPool
 from tuner.runners.process import log_tail
 from tuner.runners.vllm_gen import EngineCfg, GenResult, GenSpec, classify_failure
 from tuner.runners.vllm_gen import parse_gen_result as _parse
-from tuner.space import KNOBS, Candidate, check_pins
+from tuner.space import KNOBS, Candidate, RolloutDims, check_pins
 from tuner.space.rules import RULES, Rule, broken_rules
 from tuner.workload import Workload
 
@@ -139,7 +139,7 @@ def generation_spec(
     problems = vllm_refusals(c, m, cl, w)
     if problems:
         raise ValueError("refused before a launch: " + "; ".join(problems))
-    replicas = max(1, cl.num_gpus // c.rollout_tp)
+    replicas = RolloutDims.of(c, cl.num_gpus).replicas  # dp 1: refused above otherwise
     prompts = math.ceil(w.batch_size / replicas)
     plens, rlens = prompt_and_response_lengths(w, w.batch_size, seed)
     n = w.n

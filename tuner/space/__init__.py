@@ -52,7 +52,10 @@ from tuner.space.choices import (
     TOKEN_BUDGET_FACTORS,
     Choices,
     Drawn,
+    budget_factor,
+    min_token_budget,
     round_up,
+    token_budget,
 )
 from tuner.space.knobs import (
     ACTOR,
@@ -76,6 +79,7 @@ from tuner.space.layout import (
     LAYOUT_DEGREES,
     LAYOUT_FIELDS,
     ParallelLayout,
+    RolloutDims,
     balanced_split,
 )
 from tuner.space.rules import (
@@ -83,14 +87,11 @@ from tuner.space.rules import (
     RULES,
     Rule,
     broken_rules,
-    budget_factor,
     check_candidate,
     choice_problems,
     layout_model_rules,
-    min_token_budget,
     recompute_layers_problems,
     sequence_parallel_problems,
-    token_budget,
     token_budget_problem,
     validate,
     validate_layout,
@@ -144,6 +145,7 @@ __all__ = [
     "MOE_DISPATCHER_CHOICES",
     "NEUTRAL_PRIOR",
     "ParallelLayout",
+    "RolloutDims",
     "RECOMPUTE_GRANULARITIES",
     "RECOMPUTE_METHODS",
     "RECOMPUTE_MODULES_ALLOWED",

@@ -6,22 +6,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from tuner.hardware import Cluster
+from tuner.models import ModelSpec
 from tuner.space.candidate import (
     MOE_DISPATCHER_CHOICES,
     RECOMPUTE_MODULE_SETS_DENSE,
     RECOMPUTE_MODULE_SETS_MOE,
 )
 from tuner.space.layout import ParallelLayout
-from tuner.space.rules import budget_factor, token_budget
-
-if TYPE_CHECKING:
-    from tuner.space.sampling import SearchSpace
+from tuner.space.placement import Pools
+from tuner.workload import Workload
 
 TOKEN_BUDGET_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0)
 """ppo_max_token_len_per_gpu as multiples of one full sample per micro-batch of a CP group
-(rules.token_budget: factor * (prompt + response) / cp; references use 1x to 3x)."""
+(token_budget: factor * (prompt + response) / cp; references use 1x to 3x)."""
 LOG_PROB_BUDGET_FACTORS = (1.0, 2.0, 3.0, 4.0, 6.0, 10.0)
 """log_prob_max_token_len_per_gpu the same way (references: 1x to 10x)."""
 GPU_MEMORY_UTILIZATIONS = (0.4, 0.5, 0.6, 0.7, 0.8)
@@ -35,7 +35,68 @@ BOOLS = (True, False)
 
 Drawn = dict[str, Any]
 """Values drawn so far in sample()/params_for(), by knob name (`layout` included)."""
-Choices = Callable[["SearchSpace", Drawn], Sequence[Any] | None]
+
+
+class Limits(Protocol):
+    """What a choice reads of the runner's limits (sampling.SpaceLimits)."""
+
+    @property
+    def sequence_parallel(self) -> bool: ...
+
+    @property
+    def recompute_modules_refused(self) -> tuple[str, ...]: ...
+
+
+class SpaceView(Protocol):
+    """What the choices, decoders and encoders of the knob table read of the space they draw
+    from: sampling.SearchSpace is one. Declared here, where they are, so that the table needs
+    nothing of the sampler that reads it (no import circle)."""
+
+    @property
+    def model(self) -> ModelSpec: ...
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+    @property
+    def workload(self) -> Workload: ...
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def allow_off_policy(self) -> bool: ...
+
+    @property
+    def placements(self) -> list[int]: ...
+
+    def pools_of(self, drawn: Drawn | int) -> Pools: ...
+
+    def layouts_of(self, drawn: Drawn | int) -> dict[str, ParallelLayout]: ...
+
+    def rollout_tps_of(self, drawn: Drawn | int) -> list[int]: ...
+
+
+Choices = Callable[[SpaceView, Drawn], Sequence[Any] | None]
+
+
+def min_token_budget(max_seq_len: int, cp: int) -> int:
+    """The smallest `*_max_token_len_per_gpu` verl accepts: one whole sample must fit the
+    micro-batch budget, which verl multiplies by cp (the actor's dynamic batching)."""
+    return math.ceil(max_seq_len / cp)
+
+
+def token_budget(factor: float, max_seq_len: int, cp: int) -> int:
+    """The `*_max_token_len_per_gpu` of `factor` whole samples per micro-batch of a CP group:
+    factor * (prompt + response) / cp, rounded up to 1024. verl multiplies the budget by cp
+    (each CP rank holds 1/cp of every sequence), so factor 1 is the smallest budget that takes
+    one sample (min_token_budget), and a long sequence fits where cp divides it."""
+    return int(math.ceil(factor * max_seq_len / cp / 1024) * 1024)
+
+
+def budget_factor(budget: int, max_seq_len: int, cp: int) -> float:
+    """Inverse of token_budget: whole samples per micro-batch of a CP group."""
+    return budget * cp / max_seq_len
 
 
 def round_up(x: float, multiple: int) -> int:
@@ -50,7 +111,7 @@ def moe_space(choices: Sequence[Any]) -> Choices:
     return lambda s, d: list(choices) if s.model.is_moe else None
 
 
-def dispatcher_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+def dispatcher_choices(s: SpaceView, d: Drawn) -> Sequence[Any] | None:
     """The MoE token dispatchers this layout can build: `flex` (DeepEP) needs tp x ep > 1
     (rules.flex_needs_tp_ep)."""
     if not s.model.is_moe:
@@ -59,24 +120,24 @@ def dispatcher_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
     return [x for x in MOE_DISPATCHER_CHOICES if x != "flex" or lay.tp * lay.ep > 1]
 
 
-def sp_choices(s: SearchSpace, d: Drawn) -> Sequence[Any]:
+def sp_choices(s: SpaceView, d: Drawn) -> Sequence[Any]:
     lay = d["layout"]
     if lay.tp == 1 or not s.limits.sequence_parallel:
         return [False]
     return [True] if s.model.is_moe else [True, False]
 
 
-def chunk(s: SearchSpace, lay: ParallelLayout) -> int:
+def chunk(s: SpaceView, lay: ParallelLayout) -> int:
     return max(1, min(lay.stage_layers(s.model.num_layers)) // lay.vpp)
 
 
-def nlayers_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+def nlayers_choices(s: SpaceView, d: Drawn) -> Sequence[Any] | None:
     if d["recompute_granularity"] != "full":
         return None
     return list(range(1, chunk(s, d["layout"]) + 1))
 
 
-def modules_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+def modules_choices(s: SpaceView, d: Drawn) -> Sequence[Any] | None:
     if d["recompute_granularity"] != "selective":
         return None
     # a fixed list per model and runner (Optuna's categorical choices may not change between
@@ -87,7 +148,7 @@ def modules_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
     return [m for m in sets if refused.isdisjoint(m.split(","))]
 
 
-def grouped_gemm_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+def grouped_gemm_choices(s: SpaceView, d: Drawn) -> Sequence[Any] | None:
     if not s.model.is_moe:
         return None
     needs = d.get("recompute_granularity") == "selective" and "moe_act" in str(
@@ -98,7 +159,7 @@ def grouped_gemm_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
 
 def budget_fields(factors: Sequence[float]) -> dict[str, Any]:
     """Budgets in whole samples per micro-batch of the drawn layout's CP group, so context
-    parallel can fit a sequence no single GPU holds (rules.token_budget)."""
+    parallel can fit a sequence no single GPU holds (token_budget)."""
     return dict(
         choices=lambda s, d: list(factors) if d["use_dynamic_bsz"] else None,
         decode=lambda f, s, d: token_budget(float(f), s.workload.max_seq_len, d["layout"].cp),
@@ -108,7 +169,7 @@ def budget_fields(factors: Sequence[float]) -> dict[str, Any]:
     )
 
 
-def micro_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+def micro_choices(s: SpaceView, d: Drawn) -> Sequence[Any] | None:
     if d["use_dynamic_bsz"]:
         return None
     w, lay = s.workload, d["layout"]
@@ -125,7 +186,7 @@ def pow2(k: Any, *_: Any) -> int:
     return int(2 ** int(k))
 
 
-def rollout_dp_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+def rollout_dp_choices(s: SpaceView, d: Drawn) -> Sequence[Any] | None:
     """log2 of the rollout DP sizes valid with the drawn rollout TP (an int range: Optuna lets
     int ranges change between trials, not categorical lists)."""
     if not s.model.is_moe:
@@ -144,7 +205,7 @@ def rollout_dp_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
     return out
 
 
-def rollout_ep_choices(s: SearchSpace, d: Drawn) -> Sequence[Any] | None:
+def rollout_ep_choices(s: SpaceView, d: Drawn) -> Sequence[Any] | None:
     """Whether vLLM runs the experts expert-parallel (ep = tp * dp, verl's rule)."""
     if not s.model.is_moe:
         return None

@@ -1,18 +1,22 @@
 """The knob table: every knob declared once (`KNOBS`).
 
 Each `Knob` names its Candidate field, its group, the choices the sampler offers (derived from
-the model, cluster, workload and the values drawn before it: choices.py), its validity rules, the
-verl keys it sets and verl 0.9.1's default at them (`verl_default`, and why the Candidate's
-default differs where it does), the key and type of the megatron worker's spec that carries it
-(`WorkerKey`) or the value that worker always runs (`worker_runs`), the vLLM engine argument of
+the model, cluster, workload and the values drawn before it: choices.py), its bounds (the rules
+of rules.py are named after their knob and read the bounds from here), the verl keys it sets
+and verl 0.9.1's default at them (`verl_default`, and why the Candidate's default differs
+where it does), the key and type of the megatron worker's spec that carries it
+(`WorkerKey`) or the value that worker always runs (`worker_runs`; with its te layers:
+`te_runs`; in the pins' stored order: `pin_rank`), the vLLM engine argument of
 measured generation (`vllm`), and the term of the cost model that scores it. `sample()`,
 `params_for()`, `knob_overrides()` (hence the recipes and the verl runner), `worker_values()` (the
 megatron runner's worker spec, which the worker reads by the same keys and types: `WORKER_KEYS`),
 the megatron runner's pins (megatron.MEGATRON_PINNED) and what its measured generation searches
 (megatron_generation.ROLLOUT_SEARCHED), `validate()`, the CSV columns and their types
 (candidate.KNOB_COLUMN_TYPES) and the report's knob groups (`KNOB_GROUP_OF`) all read that table;
-adding a knob is one entry here and its Candidate field, plus its cost-model term (torchtitan's
-parallel_dims / Optuna's distributions: one declaration, many readers).
+adding a knob is one entry here and its Candidate field, plus its cost-model term (the cost
+model's memo keys a term by the fields it reads: estimate/memo.py), and no verl key belongs to
+two knobs (`check_verl_keys`) (torchtitan's parallel_dims / Optuna's distributions: one
+declaration, many readers).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tuner.bounds import Bounds
 from tuner.models import ModelSpec
@@ -44,6 +48,7 @@ from tuner.space.choices import (
     TOKEN_BUDGET_FACTORS,
     Choices,
     Drawn,
+    SpaceView,
     budget_fields,
     dispatcher_choices,
     grouped_gemm_choices,
@@ -59,12 +64,7 @@ from tuner.space.choices import (
     sp_choices,
 )
 from tuner.space.layout import ParallelLayout
-from tuner.space.rules import RULES, Rule
 from tuner.space.worker_key import WorkerKey
-
-if TYPE_CHECKING:
-    from tuner.space.sampling import SearchSpace
-
 
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
@@ -88,6 +88,19 @@ class Undeclared(enum.Enum):
 UNDECLARED = Undeclared.UNDECLARED
 """`Knob.verl_default` of a knob whose key verl 0.9.1 does not declare (a `+` key: the library
 behind it, megatron-core's TransformerConfig, decides) or that sets no verl key."""
+
+
+class AsCandidate(enum.Enum):
+    """The type of `AS_CANDIDATE`."""
+
+    AS_CANDIDATE = "as the candidate"
+
+    def __repr__(self) -> str:
+        return "AS_CANDIDATE"
+
+
+AS_CANDIDATE = AsCandidate.AS_CANDIDATE
+"""`Knob.te_runs` of a knob the megatron runner's te layers run as the candidate says."""
 
 
 def _identity(v: Any, *_: Any) -> Any:
@@ -147,6 +160,16 @@ class Knob:
     grouped-GEMM experts, alltoall dispatch), so that runner pins the knob at it
     (megatron.MEGATRON_PINNED; its te layers make some of them: megatron_layers.TE_MEASURED).
     None where the worker runs the candidate's value or takes none of it."""
+    pin_rank: int | None = None
+    """Where the megatron runner's pin of it at `worker_runs` stands among that runner's kernel
+    pins: the order stored study fingerprints (SpaceLimits.summary) and the committed recipes'
+    pinned blocks spell, from when the pins were a hand list. None: after those, in table
+    order."""
+    te_runs: Any = None
+    """What the megatron runner's worker runs with the te layers (megatron_layers.layer_spec_pins)
+    instead of `worker_runs`: AS_CANDIDATE where those layers make the knob as the candidate says
+    (then searched: megatron_layers.TE_MEASURED), another value where they pin it at that value
+    (megatron_layers.TE_PINS); None where they run `worker_runs` too."""
     vllm: str = ""
     """The vLLM engine argument (`vllm.LLM(**kwargs)`, vllm_gen.EngineCfg's field) that carries
     it where the megatron runner measures generation, which then searches it
@@ -163,11 +186,11 @@ class Knob:
     what older Optuna storages hold; read back under the knob's name (sampling.current_params)."""
     int_range: bool = False
     """The choices are a contiguous int range drawn with suggest_int."""
-    decode: Callable[[Any, SearchSpace, Drawn], Any] = _identity
+    decode: Callable[[Any, SpaceView, Drawn], Any] = _identity
     """Drawn value -> the knob's value. The sampler suggests each knob under its name; where
     the draw is not the value itself (log2 of a power of two, a budget's multiple of one
     sample's tokens, rollout EP on or off) Optuna's parameter holds the draw."""
-    encode: Callable[[Any, SearchSpace, Drawn], Any] = _identity
+    encode: Callable[[Any, SpaceView, Drawn], Any] = _identity
     """The knob's value -> its draw (params_for, and a pin: SpaceLimits.pinned holds values)."""
     to_verl: Callable[[Any], Any] = _identity
     """Value as verl wants it; None becomes `null`."""
@@ -213,9 +236,22 @@ class Knob:
             return getattr(c.layout, self.name)
         return getattr(c, self.name)
 
-    @property
-    def rules(self) -> tuple[Rule, ...]:
-        return tuple(r for r in RULES if r.knob == self.name)
+
+def check_verl_keys(knobs: tuple[Knob, ...]) -> None:
+    """Raise ValueError where two knobs (or one knob twice) set the same verl key (its `+`
+    dropped): the later would run while the row credits the earlier. The command's other
+    sources (workload, trainer, placement) are checked against the knobs where the command is
+    put together (verl_command.set_once)."""
+    by: dict[str, str] = {}
+    for k in knobs:
+        for key in k.verl_keys:
+            bare = key.lstrip("+")
+            if bare in by:
+                raise ValueError(
+                    f"knob {k.name}: verl key {bare} is already the knob {by[bare]}'s: a verl key "
+                    "belongs to one knob"
+                )
+            by[bare] = k.name
 
 
 def _both(suffix: str) -> tuple[str, ...]:
@@ -348,6 +384,7 @@ KNOBS: tuple[Knob, ...] = (
         help="MoE token dispatcher",
         verl_keys=_tf("moe_token_dispatcher_type"),
         worker_runs="alltoall",
+        pin_rank=4,
         cost="time: _layout_lin dispatch (allgather volume); flex vs alltoall is a neutral prior",
         choices=dispatcher_choices,
         allowed=MOE_DISPATCHERS,
@@ -359,6 +396,8 @@ KNOBS: tuple[Knob, ...] = (
         help="MoE fused permute",
         verl_keys=_tf("moe_permute_fusion"),
         worker_runs=False,
+        pin_rank=6,
+        te_runs=AS_CANDIDATE,
         worker=WorkerKey("kernels.moe_permute_fusion", bool),
         cost="time: _layout_lin permute passes",
         choices=moe_space(BOOLS),
@@ -424,6 +463,8 @@ KNOBS: tuple[Knob, ...] = (
         help="MoE grouped GEMM",
         verl_keys=_tf("moe_grouped_gemm"),
         worker_runs=True,
+        pin_rank=5,
+        te_runs=AS_CANDIDATE,
         worker=WorkerKey("kernels.moe_grouped_gemm", bool),
         cost="time: _layout_lin per-expert GEMM launches when off",
         choices=grouped_gemm_choices,
@@ -467,6 +508,8 @@ KNOBS: tuple[Knob, ...] = (
         help="fused RoPE",
         verl_keys=_tf("apply_rope_fusion"),
         worker_runs=False,
+        pin_rank=0,
+        te_runs=AS_CANDIDATE,
         worker=WorkerKey("kernels.apply_rope_fusion", bool),
         cost="time: _layout_lin elementwise passes over q and k",
         choices=lambda s, d: list(BOOLS),
@@ -477,6 +520,8 @@ KNOBS: tuple[Knob, ...] = (
         help="fused bias + SwiGLU",
         verl_keys=_tf("bias_activation_fusion"),
         worker_runs=False,
+        pin_rank=1,
+        te_runs=AS_CANDIDATE,
         worker=WorkerKey("kernels.bias_activation_fusion", bool),
         cost="time: _layout_lin elementwise passes over the MLP activation",
         choices=lambda s, d: list(BOOLS),
@@ -495,6 +540,7 @@ KNOBS: tuple[Knob, ...] = (
         help="wgrad accumulated in the GEMM",
         verl_keys=_tf("gradient_accumulation_fusion"),
         worker_runs=False,
+        pin_rank=2,
         cost="time: _layout_lin backward fp32 main-grad read/write",
         choices=lambda s, d: list(BOOLS),
     ),
@@ -505,6 +551,8 @@ KNOBS: tuple[Knob, ...] = (
         verl_keys=_tf("attention_backend", declared=True),
         verl_default="flash",
         worker_runs="flash",
+        pin_rank=3,
+        te_runs="auto",
         worker=WorkerKey("kernels.attention_backend", str),
         cost="neutral prior: flash, fused and auto score alike (no measured model yet, the "
         "measured runner decides); unfused/local: score-matrix cost in _layout_lin",
@@ -700,6 +748,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
 )
 KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
+check_verl_keys(KNOBS)
 VERL_DEFAULT_MAX_NUM_SEQS: int = KNOB_BY_NAME["max_num_seqs"].verl_default
 """`actor_rollout_ref.rollout.max_num_seqs` in verl 0.9.1's ppo_megatron_trainer (the knob's)."""
 VERL_DEFAULT_ENFORCE_EAGER: bool = KNOB_BY_NAME["enforce_eager"].verl_default

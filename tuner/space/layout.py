@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 from tuner.errors import UserError
 
@@ -239,3 +240,62 @@ def balanced_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int] | 
             if best is None or score < best[0]:
                 best = (score, (f, last))
     return best[1] if best else None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RolloutDims:
+    """The rollout's (vLLM's) parallel degrees on the GPUs it runs on, and every degree derived
+    from them, in one place (as torchtitan's ParallelDims owns the training's): a replica is one
+    vLLM engine of `tp` x `dp` GPUs (verl 0.9.1: `data_parallel_size` engines inside a replica),
+    `world` holds `replicas` of them, and expert parallel is off (1) or spans the replica."""
+
+    world: int
+    """GPUs the rollout runs on: the whole cluster colocated, the rollout's pool split."""
+    tp: int
+    """vLLM tensor parallel (`rollout_tp`)."""
+    dp: int = 1
+    """vLLM data parallel inside a replica (`rollout_dp`)."""
+    ep: int = 1
+    """vLLM expert parallel (`rollout_ep`): 1, or tp * dp (verl's RolloutConfig)."""
+
+    def __post_init__(self) -> None:
+        for name in ("world", "tp", "dp", "ep"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout {name}({getattr(self, name)}) must be at least 1")
+
+    @classmethod
+    def of(cls, c: HasRolloutDegrees, world: int) -> RolloutDims:
+        """The rollout degrees of candidate `c` on `world` GPUs."""
+        return cls(world=world, tp=c.rollout_tp, dp=c.rollout_dp, ep=c.rollout_ep)
+
+    @property
+    def replica_gpus(self) -> int:
+        """GPUs of one replica (one engine's tensor x data parallel)."""
+        return self.tp * self.dp
+
+    @property
+    def replicas(self) -> int:
+        """Replicas on `world` (at least one): each generates its share of the step's prompts
+        and takes the weights at every sync."""
+        return max(1, self.world // self.replica_gpus)
+
+    @property
+    def ep_problem(self) -> str:
+        """Why `ep` is not one vLLM takes (verl RolloutConfig.__post_init__: expert_parallel_size
+        == tp * dp when > 1), or ""."""
+        if self.ep > 1 and self.ep != self.replica_gpus:
+            return f"rollout ep({self.ep}) must be 1 or rollout tp * dp = {self.replica_gpus}"
+        return ""
+
+
+class HasRolloutDegrees(Protocol):
+    """What RolloutDims.of reads of a candidate."""
+
+    @property
+    def rollout_tp(self) -> int: ...
+
+    @property
+    def rollout_dp(self) -> int: ...
+
+    @property
+    def rollout_ep(self) -> int: ...

@@ -9,7 +9,6 @@ more adds its own `Rule`s and passes `RULES + its rules` to `broken_rules` (the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,32 +25,15 @@ from tuner.space.candidate import (
     Candidate,
     modules_of,
 )
-from tuner.space.layout import ParallelLayout
+from tuner.space.choices import min_token_budget
+from tuner.space.knobs import knob_refusal
+from tuner.space.layout import ParallelLayout, RolloutDims
 from tuner.space.placement import pools
 from tuner.workload import Workload
 
 # --------------------------------------------------------------------------------------------
 # Shared rules other modules apply (one function each)
 # --------------------------------------------------------------------------------------------
-
-
-def min_token_budget(max_seq_len: int, cp: int) -> int:
-    """The smallest `*_max_token_len_per_gpu` verl accepts: one whole sample must fit the
-    micro-batch budget, which verl multiplies by cp (the actor's dynamic batching)."""
-    return math.ceil(max_seq_len / cp)
-
-
-def token_budget(factor: float, max_seq_len: int, cp: int) -> int:
-    """The `*_max_token_len_per_gpu` of `factor` whole samples per micro-batch of a CP group:
-    factor * (prompt + response) / cp, rounded up to 1024. verl multiplies the budget by cp
-    (each CP rank holds 1/cp of every sequence), so factor 1 is the smallest budget that takes
-    one sample (min_token_budget), and a long sequence fits where cp divides it."""
-    return int(math.ceil(factor * max_seq_len / cp / 1024) * 1024)
-
-
-def budget_factor(budget: int, max_seq_len: int, cp: int) -> float:
-    """Inverse of token_budget: whole samples per micro-batch of a CP group."""
-    return budget * cp / max_seq_len
 
 
 def token_budget_problem(name: str, budget: int, cp: int, max_seq_len: int) -> str | None:
@@ -319,10 +301,8 @@ def _rollout_dp_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> li
 def _rollout_ep_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
     e = c.rollout_ep
     # verl RolloutConfig.__post_init__: expert_parallel_size == tp * dp when > 1
-    r = _one(
-        e > 1 and e != c.rollout_tp * c.rollout_dp,
-        f"rollout ep({e}) must be 1 or rollout tp * dp = {c.rollout_tp * c.rollout_dp}",
-    )
+    why = RolloutDims.of(c, cl.num_gpus).ep_problem
+    r = _one(bool(why), why)
     r += _one(e > 1 and not m.is_moe, f"rollout ep({e}) > 1 on a dense model: set it to 1")
     r += _one(
         e > 1 and m.is_moe and m.num_experts % e != 0,
@@ -336,8 +316,6 @@ def _declared_rule(name: str) -> Callable[..., list[str]]:
     the knob's, said once."""
 
     def check(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
-        from tuner.space.knobs import knob_refusal  # the table reads RULES: asked when run
-
         v = getattr(c, name)
         why = knob_refusal(name, v)
         return _one(why is not None, f"{name}({v}) {why}")

@@ -352,7 +352,7 @@ def _split(num_layers: int, pp: int, vpp: int) -> tuple[int, int] | None:
     return _SPLITS[key]
 
 
-def _offered(space: SearchSpace, drawn: Drawn) -> Iterator[tuple[Knob, list[Any]]]:
+def offered_choices(space: SearchSpace, drawn: Drawn) -> Iterator[tuple[Knob, list[Any]]]:
     """The sampled knobs in KNOBS order with the choices valid given `drawn` (the caller adds
     each knob's value to `drawn` before asking for the next); knobs not sampled here are
     skipped."""
@@ -381,7 +381,7 @@ def sample(t: Suggester, space: SearchSpace) -> Candidate:
     for the values drawn before it, so the result passes validate() (a property test holds
     this). A knob with one valid choice takes it without a suggestion."""
     drawn: Drawn = {}
-    for k, ch in _offered(space, drawn):
+    for k, ch in offered_choices(space, drawn):
         pinned, pin = space.limits.pin(k.name)
         if pinned:
             pin = k.encode(pin, space, drawn)
@@ -404,7 +404,7 @@ def params_for(c: Candidate, space: SearchSpace) -> dict[str, Any]:
     Token budgets and shares snap to the nearest value the space offers."""
     drawn: Drawn = {}
     p: dict[str, Any] = {}
-    for k, ch in _offered(space, drawn):
+    for k, ch in offered_choices(space, drawn):
         v = k.value(c)
         if len(ch) > 1:
             p[param_name(k, drawn)] = k.encode(v, space, drawn)

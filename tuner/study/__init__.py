@@ -1,11 +1,13 @@
 """Optuna wiring: the request, the storage (source of truth), the warm start, the trial loop,
-what a study learns between trials, and the CSV leaderboard as a view of the storage."""
+what a study learns between trials, what it leaves at the end (best rows, recipes, summary:
+`outcome`), and the CSV leaderboard as a view of the storage."""
 
+from tuner.study.csv_view import check_leaderboard, write_leaderboard
 from tuner.study.learn import SlowerThanBestPruner, StudyLearner
-from tuner.study.loop import MAX_CONSECUTIVE_UNFIT, run_study, write_best_recipes
+from tuner.study.loop import MAX_CONSECUTIVE_UNFIT, run_study
+from tuner.study.outcome import write_best_recipes
 from tuner.study.request import Progress, StudySummary, TuneRequest, default_study_name
 from tuner.study.storage import open_storage, storage_label
-from tuner.study.view import check_leaderboard, write_leaderboard
 from tuner.study.warmstart import WARM_START_BEST, WARM_START_POOL, warm_start_params
 
 __all__ = [

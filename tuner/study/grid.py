@@ -241,7 +241,7 @@ def outside_space(c: Candidate, space: SearchSpace) -> tuple[str, str] | None:
     snapped to its nearest choice ran another candidate under the row's label. None where the
     study can measure exactly `c`."""
     from tuner.space.knobs import candidate_refusals
-    from tuner.space.sampling import _offered
+    from tuner.space.sampling import offered_choices
 
     refused = candidate_refusals(c)
     if refused:
@@ -252,7 +252,7 @@ def outside_space(c: Candidate, space: SearchSpace) -> tuple[str, str] | None:
             "offers: pass --allow-off-policy to measure it"
         )
     drawn: dict[str, Any] = {}
-    for k, ch in _offered(space, drawn):
+    for k, ch in offered_choices(space, drawn):
         v = k.value(c)
         p = k.encode(v, space, drawn)
         offered = ch[0] <= p <= ch[-1] if k.int_range else p in ch

@@ -1,4 +1,4 @@
-"""The fidelity ladder's decisions (`--runner ladder`, tuner.runners.ladder): which screened
+"""The fidelity ladder's decisions (`--runner ladder`, tuner.runners.ladder_runner): which screened
 candidates real verl confirms, and the confirmations themselves as trials of the study.
 
 The estimator prunes (as in every study); the fast runner screens every proposed candidate (the
@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 
 from tuner.results import Status, TrialRecord, TrialResult
-from tuner.runners.ladder import LadderRunner
+from tuner.runners.ladder_runner import LadderRunner
 from tuner.space import current_params, sample
 from tuner.study.learn import (
     StudyLearner,

@@ -150,9 +150,10 @@ class StudyLearner:
     pairs: list[tuple[str, float | None, float | None]] = field(default_factory=list)
     scales: dict[str, float] = field(default_factory=dict)
     screen_source: str = ""
-    """A fidelity-ladder study's screening rung (the fast runner's `source`; tuner.runners.ladder):
-    the cost model's scales are learned from its rows alone, and the rows of another measuring
-    source (real verl's confirmations) teach `rung_ratios` instead. '' for a one-runner study."""
+    """A fidelity-ladder study's screening rung (the fast runner's `source`;
+    tuner.runners.ladder_runner): the cost model's scales are learned from its rows alone, and the
+    rows of another measuring source (real verl's confirmations) teach `rung_ratios` instead. ''
+    for a one-runner study."""
     screens: dict[int, TrialRecord] = field(default_factory=dict)
     """The screening rung's ok rows by trial: what a confirmation is compared with."""
     rung_pairs: list[tuple[str, float | None, float | None]] = field(default_factory=list)

@@ -93,7 +93,7 @@ class TuneRequest:
 
 def default_study_name(m: ModelSpec, cl: Cluster, w: Workload, runner: str) -> str:
     wl = "" if w.name == "dapo-math" else f"-{w.name}"
-    return f"{recipes._slug(m.name)}-{cl.label}{wl}-{runner}"
+    return f"{recipes.slug(m.name)}-{cl.label}{wl}-{runner}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -29,6 +29,7 @@ import optuna
 from tuner.errors import UserError
 from tuner.results import Status, TrialRecord
 from tuner.runners import verl_log
+from tuner.study.csv_view import write_leaderboard
 from tuner.study.storage import (
     FINISHED,
     RECIPES_ATTR,
@@ -39,7 +40,6 @@ from tuner.study.storage import (
     stored_record,
     study_lock,
 )
-from tuner.study.view import write_leaderboard
 
 LOG_NAMES = ("verl.log", "verl.log.gz", "verl.log.tail")
 """A trial's verl log as the runner writes it (`runners.verl.LOG_NAME`), gzipped after the

@@ -108,7 +108,7 @@ def test_a_head_that_cannot_start_is_one_line(tmp_path: Path) -> None:
 
 def test_the_option_reaches_the_verl_runner_s_launcher() -> None:
     from tuner.cli import build_parser
-    from tuner.request import verl_runner_options
+    from tuner.cli_request import verl_runner_options
     from tuner.runners.verl import VerlRunner
 
     sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")

@@ -11,6 +11,7 @@ from typing import Any
 import optuna
 
 from tuner.results import Status, TrialRecord, TrialResult
+from tuner.results.lines import LINE_KEY, line_entry
 
 RECORD_ATTR = "record"
 """The trial user attr holding the TrialRecord (`to_dict()`, JSON)."""
@@ -54,8 +55,6 @@ def stored_record(
     fills = (overlay or {}).get(str(t.number))
     if not isinstance(fills, list):
         return d
-    from tuner.study.view import LINE_KEY
-
     out = {k: v for k, v in d.items() if k != LINE_KEY}
     filled: list[str] = []
     for fill in fills:
@@ -86,8 +85,6 @@ def record_of(
 
 def store_record(trial: optuna.Trial, rec: TrialRecord) -> None:
     """Keep the whole record in the trial's user attrs, with the few attrs users filter on."""
-    from tuner.study.view import LINE_KEY, line_entry
-
     d = rec.to_dict()
     trial.set_user_attr(RECORD_ATTR, {**d, LINE_KEY: line_entry(d)})
     for k in ("status", "reason", "train_parallel", "source"):

@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import io
 import os
-import zlib
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import UserError
 from tuner.fileio import remove_leftovers, write_atomic
-from tuner.results import COLUMNS, SCHEMA_VERSION, TrialRecord, _fmt, locked
-from tuner.results.files import COLOCATED_ONLY_OMITTED
+from tuner.results import TrialRecord, locked
+from tuner.results.lines import (
+    COLOCATED_COLUMNS,
+    COLUMNS_KEY,
+    FULL_COLUMNS,
+    LINE_KEY,
+    SPLIT_COLUMNS_KEY,
+    is_split,
+    record_line,
+)
 from tuner.study.storage import label_file, same_storage
 
 
@@ -130,62 +136,6 @@ def _check_known(
     )
 
 
-def _cell(v: Any) -> str:
-    t = type(v)
-    if t is str:
-        return v  # type: ignore[no-any-return]
-    if v is None:
-        return ""
-    if t is float:
-        return "" if v != v else f"{v:.6g}"
-    if t is bool or t is int:
-        return str(v)
-    return _fmt(v)
-
-
-_FULL = COLUMNS
-_COLOCATED = tuple(c for c in COLUMNS if c not in COLOCATED_ONLY_OMITTED)
-"""The columns of a leaderboard whose rows are all colocated (results.files.csv_text leaves the
-placement out the same way): what it wrote before placement was searched."""
-_VERSION_CELL = str(SCHEMA_VERSION)
-
-
-def _is_split(d: dict[str, Any]) -> bool:
-    v = d.get("rollout_gpus")
-    return v not in (None, "", 0, "0")
-
-
-def _key_of(columns: tuple[str, ...]) -> str:
-    return f"{SCHEMA_VERSION}:{zlib.crc32((','.join(columns) + chr(10)).encode()):08x}"
-
-
-def record_line(d: dict[str, Any], recipe: str = "", columns: tuple[str, ...] | None = None) -> str:
-    """One CSV line (with its newline) of a record dict (`TrialRecord.to_dict()`), in `columns`
-    (default: the full set for a split record, the colocated set otherwise)."""
-    cols = columns or (_FULL if _is_split(d) else _COLOCATED)
-    cells = [v if type(v) is str else "" if v is None else _cell(v) for v in map(d.get, cols)]
-    cells[0] = _VERSION_CELL
-    if recipe:
-        cells[cols.index("recipe")] = recipe
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow(cells)
-    return buf.getvalue()
-
-
-COLUMNS_KEY = _key_of(_COLOCATED)
-"""Identifies the column set a stored line was formatted for (knobs change between versions):
-a colocated record's (the same key as before placement existed, so stored lines stay valid)."""
-SPLIT_COLUMNS_KEY = _key_of(_FULL)
-"""The same for a split record's line: every column, the placement's too."""
-LINE_KEY = "_csv_line"
-"""Key of a record dict's formatted CSV line, [COLUMNS_KEY, line], kept beside the record in
-the storage so that rebuilding a large study's CSV is a join, not a reformatting."""
-
-
-def line_entry(d: dict[str, Any]) -> list[str]:
-    return [SPLIT_COLUMNS_KEY if _is_split(d) else COLUMNS_KEY, record_line(d)]
-
-
 def write_leaderboard(
     path: Path,
     records: Iterable[dict[str, Any]],
@@ -203,8 +153,8 @@ def write_leaderboard(
     recipes = recipes or {}
     cache = {} if cache is None else cache
     records = list(records)
-    split = any(_is_split(d) for d in records)  # then every row has the placement column
-    cols, key = (_FULL, SPLIT_COLUMNS_KEY) if split else (_COLOCATED, COLUMNS_KEY)
+    split = any(is_split(d) for d in records)  # then every row has the placement column
+    cols, key = (FULL_COLUMNS, SPLIT_COLUMNS_KEY) if split else (COLOCATED_COLUMNS, COLUMNS_KEY)
     lines: list[tuple[int, str]] = []
     for d in records:
         n = int(d["trial"])
