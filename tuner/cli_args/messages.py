@@ -45,13 +45,34 @@ _STORAGE_FAILURES = {
 }
 
 
+def _from_optuna_storage(e: BaseException) -> bool:
+    """Whether `e` was raised inside Optuna's storage code (reading what a storage keeps)."""
+    tb = e.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/optuna/storages/" in name:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def storage_failure_line(e: BaseException, url: str) -> str | None:
     """A storage that fails inside a study (SQLite's `database or disk is full`, raised by
-    sqlalchemy or sqlite3) as one line naming the storage; None for any other error."""
+    sqlalchemy or sqlite3), or that keeps a value Optuna cannot read back (a user attr that is
+    not JSON: Optuna's reader raised json's error), as one line naming the storage; None for
+    any other error."""
+    import json
+
     seen: BaseException | None = e
     for _ in range(8):  # Optuna wraps sqlalchemy's error, which wraps sqlite3's
         if seen is None:
             return None
+        if isinstance(seen, json.JSONDecodeError) and _from_optuna_storage(seen):
+            where = redact(url.removeprefix("sqlite:///"))
+            return (
+                f"storage {where} keeps a value that is not JSON ({seen.msg}): it is damaged: "
+                "restore it from a copy, or pass --storage with another"
+            )
         if type(seen).__name__ in ("OperationalError", "DatabaseError"):
             text = str(seen)
             for key, hint in _STORAGE_FAILURES.items():

@@ -159,6 +159,12 @@ class _Study:
         runner = f"|{req.runner.name}"
         fingerprint = f"{space.fingerprint()}{runner}"
         old = existing.user_attrs.get("space") if existing is not None else None
+        if old is not None and not isinstance(old, str):  # not written by verl-tuner
+            raise UserError(
+                f"study {req.name} in storage {self.label} has a `space` attribute of "
+                f"{type(old).__name__} {str(old)[:40]!r}, not the text verl-tuner writes: the "
+                "storage is damaged or another tool's: pass --study NEW_NAME"
+            )
         if isinstance(old, str):  # pins spelled as before each knob had one name
             old = current_fingerprint(old)
         added: list[str] = []

@@ -22,7 +22,7 @@ from tuner.study.storage.urls import driver_url, file_of, is_postgres
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def _check_file(path: Path, journal: bool) -> None:
+def check_storage_file(path: Path, journal: bool) -> None:
     """Refuse an existing non-empty file that is not the kind of storage its name says, before
     Optuna appends to it or writes tables into it."""
     if not path.exists() or path.stat().st_size == 0:
@@ -52,6 +52,67 @@ def _check_file(path: Path, journal: bool) -> None:
                 "not an Optuna storage; Optuna would add its tables to it: pass --storage with "
                 "a new file"
             )
+        if tables:
+            why = schema_mismatch(path)
+            if why:
+                raise UserError(f"storage sqlite:///{path}: {why}")
+
+
+def _optuna_schema_head() -> tuple[str, list[str]]:
+    """The schema revision this Optuna writes and every revision it knows (its alembic
+    scripts, read without a database)."""
+    import os
+
+    from alembic.script import ScriptDirectory
+    from optuna.storages._rdb import storage as rdb
+
+    script = ScriptDirectory(os.path.join(os.path.dirname(rdb.__file__), "alembic"))
+    head = script.get_current_head()
+    return str(head), [r.revision for r in script.walk_revisions()]
+
+
+def schema_mismatch(path: Path) -> str:
+    """Why this Optuna cannot open the Optuna SQLite storage `path` (its schema revision is
+    older or newer than this Optuna's), in Optuna's own words; "" when it can or the file
+    cannot be read so. Read without writing: Optuna refuses such a storage only after it has
+    stamped it (its version row, its alembic revision) and switched it to WAL."""
+    import sqlite3
+    from urllib.parse import quote
+
+    from optuna import version
+    from optuna.storages._rdb import models
+
+    uri = f"file:{quote(str(path.absolute()))}?mode=ro&immutable=1"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            info = conn.execute(
+                "SELECT schema_version, library_version FROM version_info"
+            ).fetchone()
+            try:
+                rev_row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+            except sqlite3.OperationalError:  # made before Optuna used alembic
+                rev_row = None
+    except sqlite3.Error:
+        return ""
+    head, known = _optuna_schema_head()
+    rev = str(rev_row[0]) if rev_row else None
+    if rev is None:
+        if info is None or info[0] == models.SCHEMA_VERSION:
+            return ""  # Optuna stamps it as its own and opens it
+        rev = known[-1] if known else ""  # Optuna stamps the first revision: too old
+    if rev == head:
+        return ""
+    made_by = info[1] if info else "an unknown version"
+    text = (
+        f"The runtime optuna version {version.__version__} is no longer compatible with the "
+        f"table schema (set up by optuna {made_by}). "
+    )
+    if rev in known:
+        return text + (
+            "Please execute `$ optuna storage upgrade --storage $STORAGE_URL` for upgrading the "
+            "storage."
+        )
+    return text + "Please try updating optuna to the latest version by `$ pip install -U optuna`."
 
 
 OPTUNA_TABLES = frozenset({"studies", "trials", "version_info"})
@@ -89,7 +150,7 @@ def open_storage(url: str, on_stale: StaleCallback | None = None) -> optuna.stor
     has no heartbeat."""
     path, journal = file_of(url)
     if path is not None:
-        _check_file(path, journal)
+        check_storage_file(path, journal)
         path.parent.mkdir(parents=True, exist_ok=True)
     if journal and path is not None:
         return open_journal(path)
