@@ -501,6 +501,12 @@ def from_hf_config(path: Path) -> ModelSpec:
     missing = [k for k in required if k not in cfg]
     if missing:
         raise UserError(f"{path} lacks {', '.join(missing)}: pass a Hugging Face config.json")
+    null = [k for k in required if cfg[k] is None]
+    if null:  # named by no field before: "int() argument must be ... not 'NoneType'"
+        raise UserError(
+            f"{path}: {', '.join(null)} {'is' if len(null) == 1 else 'are'} null, not a whole "
+            "number: fix the config.json"
+        )
     try:
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])

@@ -274,6 +274,11 @@ class _Study:
                 enqueue_warm_start(self.study, params)
 
     def _cannot_open(self, e: Exception) -> UserError:
+        from tuner.cli_args.messages import storage_failure_line
+
+        known = storage_failure_line(e, self.url)  # a damaged or locked file: said as such
+        if known is not None:
+            return UserError(known)
         first = str(e).splitlines()[0][:160]
         return UserError(
             f"cannot open study {self.req.name} in {self.url} ({first}): "
