@@ -344,16 +344,19 @@ def _check_run(args: argparse.Namespace) -> None:
 
 
 def _check_storage_kind(path: Path) -> None:
-    """A storage file that is there is of the kind its name says and of a schema this Optuna
-    opens (study.storage.check_storage_file), read without writing: refused before the study's
-    set-up, not after it."""
+    """An SQLite storage file that is there is an Optuna storage of a schema this Optuna opens
+    (study.storage.check_storage_file), read without writing: refused before the study's
+    set-up, not after it. A journal is read once, where it is opened."""
+    from tuner.study.storage.urls import JOURNAL_SUFFIXES
+
     st = _probe(path, "--storage")
     if st is None or not stat.S_ISREG(st.st_mode) or st.st_size == 0:
         return
+    if path.suffix in JOURNAL_SUFFIXES:
+        return
     from tuner.study.storage.opening import check_storage_file
-    from tuner.study.storage.urls import JOURNAL_SUFFIXES
 
-    check_storage_file(path, path.suffix in JOURNAL_SUFFIXES)
+    check_storage_file(path, journal=False)
 
 
 STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
