@@ -55,7 +55,7 @@ def stored_record(
         return None
     number = d.get("trial")
     whole = isinstance(number, int) or (isinstance(number, str) and number.isdecimal())
-    if isinstance(number, bool) or not whole or not str(number).isascii():
+    if number is not None and (isinstance(number, bool) or not whole or not str(number).isascii()):
         raise UserError(
             f"trial {t.number} of the study's storage keeps a damaged record (its trial is "
             f"{json.dumps(number)[:40]}, not a whole number): restore the storage from a copy, "
