@@ -108,6 +108,8 @@ def _main(argv: Sequence[str] | None) -> int:
         validate(args)
         try:
             code = int(COMMANDS[args.command](args) or 0)
+        except UserError:
+            raise
         except Exception as e:  # a storage failing, or keeping what Optuna cannot read back
             from tuner.cli_args import storage_failure_line
 
