@@ -11,17 +11,31 @@ The parser, its arguments and their help are built in `tuner.cli_parser`.
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tuner.cli_args import error_line, os_error_line, validate
-from tuner.cli_parser import build_parser, subcommands
 from tuner.errors import UserError
 
+if TYPE_CHECKING:
+    import argparse
+
+    from tuner.cli_parser import build_parser
+
 __all__ = ["COMMANDS", "build_parser", "main", "nothing_fits", "summary_text"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing this module imports nothing of the parser's, so that `tune`'s console
+    # script reaches main's handlers at once; a Ctrl-C while the parser's modules load is
+    # then the one line of an interrupt, not a traceback (issue 38).
+    if name == "build_parser":
+        from tuner.cli_parser import build_parser
+
+        return build_parser
+    raise AttributeError(f"module 'tuner.cli' has no attribute {name!r}")
 
 
 def _stdout_gone() -> int:
@@ -36,10 +50,46 @@ def _stdout_gone() -> int:
     return 1
 
 
+def _storage_named(args: argparse.Namespace) -> str:
+    """The storage a command reads, as its errors name it: --storage, or run's default."""
+    given = getattr(args, "storage", None)
+    if given:
+        return str(given)
+    if args.command == "run":
+        return str(os.path.join(args.results_dir, "studies.sqlite3"))
+    return "of the study"
+
+
+def _tolerant_output() -> None:
+    """Text the terminal's encoding cannot show (a model folder's non-ASCII name under
+    PYTHONIOENCODING=ascii or LANG=C) is printed as `\\u...` escapes, not a UnicodeEncodeError
+    traceback (issue 38); stderr does so by Python's default already."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if callable(reconfigure):
+            with contextlib.suppress(ValueError, OSError):  # a closed or detached stream
+                reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    """`tune` with the arguments `argv` (sys.argv's by default); returns the exit code. Every
+    import and the parser's construction are inside the handlers: a Ctrl-C in the first
+    moments was a traceback (issue 38)."""
     try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("tune: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _tolerant_output()
+        from tuner.cli_args import validate
+        from tuner.cli_parser import build_parser, subcommands
+
+        parser = build_parser()
         if sys.stdout is None:  # started with stdout closed (`tune ... >&-`)
             raise UserError("stdout is closed: run tune with its output open, e.g. > tune.out")
         if args_list and not args_list[0].startswith("-"):
@@ -56,20 +106,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 2
         validate(args)
-        code = int(COMMANDS[args.command](args) or 0)
+        try:
+            code = int(COMMANDS[args.command](args) or 0)
+        except UserError:
+            raise
+        except Exception as e:  # a storage failing, or keeping what Optuna cannot read back
+            from tuner.cli_args import storage_failure_line
+
+            line = storage_failure_line(e, _storage_named(args))
+            if line is None:
+                raise
+            raise UserError(line) from None
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
         return code
     except UserError as e:
+        from tuner.cli_args import error_line
+
         print(f"tune: error: {error_line(e)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return _stdout_gone()
     except OSError as e:
+        from tuner.cli_args import os_error_line
+
         print(f"tune: error: {os_error_line(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("tune: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
     except MemoryError:  # a memory limit (`ulimit -v`) below what the command needs
         print(
             "tune: error: out of memory: raise the memory limit (ulimit -v) or pass smaller files",
@@ -85,6 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         build_setup,
         check_request_paths,
         megatron_runner_options,
+        probe_request_paths,
         verl_runner_options,
     )
     from tuner.runners import make_runner
@@ -109,6 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     runner.check_available(setup.cluster)
     limits = runner.space_limits(setup.model)
     refuse_if_nothing_fits(req, limits)  # before the storage or the leaderboard is written
+    probe_request_paths(req)  # the folders take a file (os.access alone misses some)
     if args.runner == "auto" and runner.name == "estimate":
         print(
             "tune: no GPU here: using the estimator (rows say source=estimate; nothing is measured)"

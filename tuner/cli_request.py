@@ -137,6 +137,7 @@ def check_request_paths(req: Any) -> None:
     if req.recipes:
         folder = recipes.model_folder(req.recipes_dir, req.model.name)
         check_writable_dir(folder, f"recipe folder of model {req.model.name}:")
+        recipes.check_name_lengths(req.model, req.cluster, recipes.suffix_of(req.name, "99999"))
     locks = [lock_of(csv_path)]  # results.upsert_row and the study's CSV view
     storage = check_storage_url(str(req.storage_url))
     if storage is not None:
@@ -145,6 +146,23 @@ def check_request_paths(req: Any) -> None:
         locks += [lock_of(storage), lock_of(storage.with_name(f"{storage.name}.{req.name}"))]
     for lock in locks:
         check_writable_file(lock, f"lock file of study {req.name}:")
+
+
+def probe_request_paths(req: Any) -> None:
+    """The folders the study writes in really take a file (`cli_args.probe_writable_dir`): its
+    results folder, its model's recipe folder and its storage file's folder. Run after every
+    refusal that writes nothing and just before the study writes: a recipes folder that
+    `os.access` called writable but was not failed the study after its trials had run."""
+    from tuner import recipes
+    from tuner.cli_args import check_storage_url, probe_writable_dir
+
+    probe_writable_dir(Path(req.results_dir), "--results-dir")
+    if req.recipes:
+        folder = recipes.model_folder(req.recipes_dir, req.model.name)
+        probe_writable_dir(folder, f"recipe folder of model {req.model.name}:")
+    storage = check_storage_url(str(req.storage_url))
+    if storage is not None:
+        probe_writable_dir(storage.parent, "--storage")
 
 
 def build_candidate(args: argparse.Namespace, setup: Setup) -> Candidate:

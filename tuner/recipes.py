@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import errno
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -43,13 +43,56 @@ def _split_degrees(notation: str) -> list[str]:
 
 
 def slug(name: str) -> str:
-    """`name` as a file-name part: lower case, anything but letters, digits, `-_.` as `-`."""
-    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name.lower()).strip("-")
+    """`name` as one file-name part: letters, digits, `-`, `_` and `.` only, with no leading or
+    trailing `-` and no leading `.`, so never `.` or `..` (a model named `..` had its recipes
+    written to the folder above recipes/) nor a hidden file; `-` where nothing is left."""
+    out = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name.lower())
+    return out.strip("-").lstrip(".") or "-"
 
 
 def model_folder(recipes_dir: Path | str, model_name: str) -> Path:
-    """The folder under `recipes_dir` that a model's recipes are written to (`write`)."""
+    """The folder under `recipes_dir` that a model's recipes are written to (`write`): always
+    a folder of its own directly inside `recipes_dir`."""
     return Path(recipes_dir) / slug(model_name)
+
+
+NAME_MAX = 255
+"""The longest file name (bytes) the file systems a recipe is written to take (ext4, xfs,
+NFS)."""
+MAX_NUMBERED = 99
+"""The most numbered names (`<name>-<suffix>-2.sh` .. `-99.sh`) `write` tries before it stops:
+each is another study's recipe of the same row's name, which is not a real case past a few."""
+
+
+def check_name_lengths(m: ModelSpec, cl: Cluster, suffix: str = "") -> None:
+    """UserError when a recipe name of model `m` on `cl` with this `write` suffix could be
+    longer than NAME_MAX bytes (its degrees as long as the space allows): a model folder of a
+    240-byte name made every name too long, and `write` then tried `-2`, `-3`, ... for ever
+    (issue 38). Checked before a study writes anything."""
+    from tuner.space.choices import CP_CHOICES, MAX_PP, MAX_VPP
+
+    g = cl.num_gpus
+    degrees = f"tp{g}-pp{MAX_PP}-vpp{MAX_VPP}-cp{max(CP_CHOICES)}-ep{g}-etp{g}-rtp{g}-split-r{g}"
+    stem = f"{slug(m.name)}_{degrees}_{cl.label}"
+    shown = m.name if len(m.name) <= 40 else m.name[:37] + "..."
+    longest = f"{stem}-{suffix}-{MAX_NUMBERED}.sh" if suffix else f"{stem}.sh"
+    _check_name(longest, f"the recipe file names of model {shown!r} could be", bool(suffix), True)
+
+
+def _check_name(name: str, what: str, suffix: bool, study: bool = False) -> None:
+    """UserError when the file name `name` is longer than NAME_MAX bytes; `what` starts the
+    sentence, `suffix`: the name carries a study's suffix (a shorter --study helps); `study`:
+    a study's recipes (--recipes 0 writes none)."""
+    size = len(name.encode())
+    if size <= NAME_MAX:
+        return
+    fix = "name the model's folder shorter"
+    if suffix:
+        fix += " or the study (--study)"
+    raise UserError(
+        f"{what} {size} bytes, more than the {NAME_MAX} a file name can have: {fix} by "
+        f"{size - NAME_MAX} bytes" + (", or pass --recipes 0" if study else "")
+    )
 
 
 def shell_word(key: str, value: Any) -> str:
@@ -285,16 +328,29 @@ def write(recipe: Recipe, directory: Path, *, suffix: str = "", owner: str = "")
     """Write atomically under the recipe's name, and return the path. With `suffix`, a file of
     that name holding another recipe is kept unless its `# origin:` line names `owner` (the
     same row, `owner_of`): the recipe goes to `<name>-<suffix>.sh`, kept the same way, then
-    `<name>-<suffix>-2.sh`, ... So one study's recipes never replace another's (issue 30)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    `<name>-<suffix>-2.sh`, ... up to `-MAX_NUMBERED`. So one study's recipes never replace
+    another's (issue 30). A name longer than a file name can be is a UserError before anything
+    is written (it tried `-2`, `-3`, ... for ever: issue 38)."""
     path = directory / recipe.name
     if suffix:
         stem = recipe.name[: -len(".sh")]
-        names = itertools.chain(
-            [recipe.name, f"{stem}-{suffix}.sh"],
-            (f"{stem}-{suffix}-{i}.sh" for i in itertools.count(2)),
-        )
-        path = next(p for p in (directory / n for n in names) if _may_replace(p, recipe, owner))
+        names = [
+            recipe.name,
+            f"{stem}-{suffix}.sh",
+            *(f"{stem}-{suffix}-{i}.sh" for i in range(2, MAX_NUMBERED + 1)),
+        ]
+        _check_name(names[-1], f"the recipe file name {stem[:40]!r}... is", True)
+        directory.mkdir(parents=True, exist_ok=True)
+        free = (p for p in (directory / n for n in names) if _may_replace(p, recipe, owner))
+        found = next(free, None)
+        if found is None:
+            raise UserError(
+                f"{directory}: {recipe.name} and its {MAX_NUMBERED} numbered names are each "
+                "another row's recipe: move old recipes aside or pass another --recipes-dir"
+            )
+        path = found
+    else:
+        _check_name(recipe.name, f"the recipe file name {recipe.name[:40]!r}... is", False)
     # executable as the user's umask allows (0755 under 022); one temporary file per writer:
     # workers of one study write the same best recipe at once
     return write_atomic(path, recipe.text, executable=True)
@@ -302,13 +358,19 @@ def write(recipe: Recipe, directory: Path, *, suffix: str = "", owner: str = "")
 
 def _may_replace(path: Path, recipe: Recipe, owner: str) -> bool:
     """Whether `recipe` may be written at `path`: nothing there, the same text, or a recipe of
-    the same row (`owner`)."""
+    the same row (`owner`). Something there that is not a readable text file (a folder, a file
+    this user may not read, binary) is kept: False. Any other error (a name too long, an I/O
+    error) is raised: the next name would fail alike (a `-2`, `-3`, ... without end)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
         return True
-    except (OSError, UnicodeDecodeError):
+    except UnicodeDecodeError:
         return False
+    except OSError as e:
+        if e.errno in (errno.EISDIR, errno.EACCES, errno.EPERM, errno.ELOOP):
+            return False
+        raise
     if text == recipe.text:
         return True
     mark = f"# origin: {_one_line(owner)} ("

@@ -31,6 +31,7 @@ from tuner.cli_args.checks import (
     check_writable_dir,
     check_writable_file,
     known_columns,
+    probe_writable_dir,
     validate,
 )
 from tuner.cli_args.messages import (
@@ -77,6 +78,7 @@ __all__ = [
     "check_storage_url",
     "check_stored_storage",
     "check_writable_dir",
+    "probe_writable_dir",
     "check_writable_file",
     "env_assignment",
     "error_line",

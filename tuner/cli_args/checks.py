@@ -8,6 +8,7 @@ Each raises a one-line `UserError` that says what to change.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import errno
 import io
@@ -29,9 +30,23 @@ from tuner.megatron_layers import resolve_layer_spec
 # --------------------------------------------------------------------------------------------
 
 
+NAME_MAX = 255
+"""The longest name (bytes) of one file or folder on the file systems tune writes to."""
+
+
 def _probe(path: Path, flag: str) -> os.stat_result | None:
     """The metadata of `path` (links followed); None where nothing is there. A path the system
-    cannot follow (a symbolic link loop, a name too long) is a UserError, not a crash later."""
+    cannot follow (a symbolic link loop, a name too long) is a UserError, not a crash later;
+    a name too long is refused even where a folder above it is missing (the system then says
+    only that the folder is missing, and the name failed once the study had written)."""
+    long = next((p for p in path.parts if len(os.fsencode(p)) > NAME_MAX), None)
+    if long is not None:
+        shown_name = long if len(long) <= 40 else long[:37] + "..."
+        raise UserError(
+            f"{flag} {path}: the name {shown_name!r} is {len(os.fsencode(long))} bytes, more "
+            f"than the {NAME_MAX} a file name can have: shorten it (or the --study, --model "
+            "folder or --storage name it is made of)"
+        )
     try:
         return path.stat()
     except (FileNotFoundError, NotADirectoryError):
@@ -62,6 +77,37 @@ def check_writable_dir(path: Path, flag: str) -> None:
         raise UserError(
             f"{flag} {path}: cannot write in {base}: make it writable or pass another folder"
         )
+
+
+def probe_writable_dir(path: Path, flag: str) -> None:
+    """A file can really be written in the folder `path` (or the nearest folder above it
+    that is there, where it is to be created): a file is created there, one byte written and
+    the file removed. `os.access` says only what the mode bits allow: an immutable folder
+    (`chattr +i`), a read-only bind mount seen through another path, or a quota pass it, and
+    the study ran its trials and then failed to write (issue 38). Run just before a command
+    writes, after every check that refuses without writing."""
+    import tempfile
+
+    base = _nearest_existing(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=base, prefix=".tune-probe-", suffix=".tmp")
+    except OSError as e:
+        raise UserError(
+            f"{flag} {path}: cannot write in {base} ({e.strerror or e}): make it writable or "
+            "pass another folder"
+        ) from None
+    try:
+        os.write(fd, b"\0")
+        os.fsync(fd)
+    except OSError as e:
+        raise UserError(
+            f"{flag} {path}: cannot write a file in {base} ({e.strerror or e}): free space, "
+            "raise the limit or pass another folder"
+        ) from None
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def check_writable_file(path: Path, flag: str) -> None:
@@ -283,10 +329,10 @@ def _check_leaderboards(args: argparse.Namespace) -> list[dict[str, str]]:
 def _check_run(args: argparse.Namespace) -> None:
     check_writable_dir(args.results_dir, "--results-dir")
     check_writable_dir(args.recipes_dir, "--recipes-dir")
-    if args.storage:
-        path = check_storage_url(args.storage)
-        if path is not None:
-            check_writable_file(path, "--storage")
+    path = check_storage_url(args.storage) if args.storage else args.results_dir / "studies.sqlite3"
+    if path is not None:
+        check_writable_file(path, "--storage")
+        _check_storage_kind(path)
     if args.profile is not None:
         check_readable_file(args.profile, "--profile", JSON_MAX_BYTES)
     if args.candidates_from is not None:
@@ -295,6 +341,22 @@ def _check_run(args: argparse.Namespace) -> None:
     layer_spec = getattr(args, "layer_spec", "auto")
     if layer_spec != "auto":
         resolve_layer_spec(layer_spec)  # te without transformer-engine: one line, exit 2
+
+
+def _check_storage_kind(path: Path) -> None:
+    """An SQLite storage file that is there is an Optuna storage of a schema this Optuna opens
+    (study.storage.check_storage_file), read without writing: refused before the study's
+    set-up, not after it. A journal is read once, where it is opened."""
+    from tuner.study.storage.urls import JOURNAL_SUFFIXES
+
+    st = _probe(path, "--storage")
+    if st is None or not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return
+    if path.suffix in JOURNAL_SUFFIXES:
+        return
+    from tuner.study.storage.opening import check_storage_file
+
+    check_storage_file(path, journal=False)
 
 
 STORAGE_SCHEMES = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")

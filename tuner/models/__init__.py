@@ -11,10 +11,12 @@ from tuner.models.hf_config import (
     CONFIG_MAX_BYTES,
     CONFIG_TEXTS,
     MAX_COUNT,
+    MAX_LAYERS,
     QK_NORM_MODEL_TYPES,
     QKV_BIAS_MODEL_TYPES,
     check_config_values,
     from_hf_config,
+    model_name_of,
     path_kind,
 )
 from tuner.models.registry import REGISTRY, get_model, spec_fields
@@ -26,6 +28,7 @@ __all__ = [
     "CONFIG_MAX_BYTES",
     "CONFIG_TEXTS",
     "MAX_COUNT",
+    "MAX_LAYERS",
     "QKV_BIAS_MODEL_TYPES",
     "QK_NORM_MODEL_TYPES",
     "REGISTRY",
@@ -33,6 +36,7 @@ __all__ = [
     "check_config_values",
     "from_hf_config",
     "get_model",
+    "model_name_of",
     "path_kind",
     "spec_fields",
 ]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 
@@ -30,6 +31,12 @@ CONFIG_MAX_BYTES = 4 << 20
 """Largest config.json read: the hub's are a few KiB (a label table makes some 100 KiB)."""
 MAX_COUNT = 1 << 24
 """Largest architecture count accepted (16.7M): vocabularies reach 262k, widths 30k."""
+MAX_LAYERS = 512
+"""Largest `num_hidden_layers` accepted: the deepest published models have 126 (Llama 3.1
+405B); the search's pipeline splits and the cost model's batch plans of a deeper model ran for
+minutes (issue 38: 100,000 layers ran for over 20 minutes before a study started)."""
+CONFIG_MOST: dict[str, int] = {"num_hidden_layers": MAX_LAYERS}
+"""The counts of `CONFIG_COUNTS` with a largest value below MAX_COUNT."""
 CONFIG_COUNTS: dict[str, int] = {
     "num_hidden_layers": 1,
     "hidden_size": 1,
@@ -73,9 +80,10 @@ def check_config_values(cfg: dict[str, object], path: Path) -> None:
         shown = json.dumps(v)[:40]
         if isinstance(v, bool) or not isinstance(v, int):
             raise UserError(f"{path}: {key} is {shown}, not a whole number: fix the config.json")
-        if not least <= v <= MAX_COUNT:
+        most = CONFIG_MOST.get(key, MAX_COUNT)
+        if not least <= v <= most:
             raise UserError(
-                f"{path}: {key} is {shown}, outside {least}..{MAX_COUNT}: fix the config.json"
+                f"{path}: {key} is {shown}, outside {least}..{most}: fix the config.json"
             )
     for key in CONFIG_FLAGS:
         v = cfg.get(key)
@@ -150,6 +158,15 @@ def path_kind(path: Path) -> str:
     return "folder" if stat.S_ISDIR(st.st_mode) else "file"
 
 
+def model_name_of(path: Path) -> str:
+    """The name of the model whose config.json is `path`: its folder's name, as the folder
+    really is (`../config.json` was named `..`, and its recipes went to `recipes/..`, the folder
+    above; `./config.json` was named `config.json`); the file's stem where the folder has no
+    name (`/config.json`)."""
+    folder = Path(os.path.abspath(path)).parent
+    return folder.name or path.stem or "model"
+
+
 def from_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face config.json (or a folder holding one)."""
     if path_kind(path) == "folder":
@@ -165,12 +182,18 @@ def from_hf_config(path: Path) -> ModelSpec:
     missing = [k for k in required if k not in cfg]
     if missing:
         raise UserError(f"{path} lacks {', '.join(missing)}: pass a Hugging Face config.json")
+    null = [k for k in required if cfg[k] is None]
+    if null:  # named by no field before: "int() argument must be ... not 'NoneType'"
+        raise UserError(
+            f"{path}: {', '.join(null)} {'is' if len(null) == 1 else 'are'} null, not a whole "
+            "number: fix the config.json"
+        )
     try:
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         moe = _moe_fields(cfg, path)
         return ModelSpec(
-            name=str(path.parent.name or path),
+            name=model_name_of(path),
             num_layers=int(cfg["num_hidden_layers"]),
             hidden_size=hidden,
             ffn_hidden_size=int(cfg.get("intermediate_size") or 0),

@@ -219,27 +219,64 @@ def balanced_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int] | 
     """(first, last) stage layers of the most balanced uneven split megatron-core accepts when
     pp·vpp does not divide the layers (94 layers on pp8: seven stages of 12 and a last stage of
     10, `last10`); None when the even split works or no uneven one exists. Ties go to lighter
-    first and last stages (they also hold the embedding and the output layer)."""
+    first and last stages (they also hold the embedding and the output layer).
+
+    Of every (first, last) that `ParallelLayout.stage_layers` accepts, the one of the least
+    (largest stage, larger of first and last, -smaller nonzero of them), the smallest (first,
+    last) of equals. The split is found in time independent of the depth (`_split_in_units`):
+    trying every pair took hours at 100,000 layers (issue 38)."""
     if pp < 2 or num_layers % (pp * vpp) == 0:
         return None
-    best: tuple[tuple[int, int, int], tuple[int, int]] | None = None
-    for f in range(0, num_layers + 1, vpp):
-        for last in range(0, num_layers + 1 - f, vpp):
-            if not (f or last):
-                continue
-            lay = ParallelLayout(
-                world=pp, pp=pp, vpp=vpp, first_stage_layers=f, last_stage_layers=last
-            )
-            try:
-                stages = lay.stage_layers(num_layers)
-            except ValueError:
-                continue
-            if min(stages) <= 0:
-                continue
-            score = (max(stages), max(f, last), -min(f or 10**9, last or 10**9))
-            if best is None or score < best[0]:
-                best = (score, (f, last))
-    return best[1] if best else None
+    if num_layers % vpp:  # first, last and the middle stages are each whole multiples of vpp
+        return None
+    found = _split_in_units(num_layers // vpp, pp)
+    return None if found is None else (found[0] * vpp, found[1] * vpp)
+
+
+def _split_in_units(n: int, pp: int) -> tuple[int, int] | None:
+    """`balanced_split` of `n` units (vpp layers each) over `pp` stages, `n % pp` nonzero.
+
+    Each accepted split is one of: last = n - (pp-1)·per with first 0 (the same split with
+    first n - (pp-1)·per and last 0 scores the same and comes later in (first, last) order, so
+    it never wins); or first + last = n - (pp-2)·per with both nonzero (for pp 2: first + last
+    = n), whose best is the most even pair, the smaller first (any other pair of that `per`
+    has a larger `max(first, last)`). Both scores fall then rise with `per` (the largest stage
+    is at least `per` and at least what `per` leaves to the first and last), around n / pp: a
+    window of `per` is widened until every `per` outside it has a largest stage above the best
+    found, which makes the answer the one of trying every pair."""
+    mid = pp - 2
+    top_b = (n - 1) // (pp - 1)  # largest per leaving last >= 1
+    top_c = (n - 2) // mid if mid else 0  # largest per leaving first, last >= 1
+
+    def keyed(first: int, last: int, per: int) -> tuple[tuple[int, int, int], int, int]:
+        stages = max(first, last, per)
+        small = min(first or n + 1, last or n + 1)
+        return ((stages, max(first, last), -small), first, last)
+
+    fixed = []
+    if mid == 0 and n >= 2:  # pp 2 with both stages named: first + last = n
+        fixed.append(keyed(n // 2, n - n // 2, 0))
+    centre, width = max(1, n // pp), 2
+    while True:
+        lo, hi = max(1, centre - width), centre + width
+        keys = list(fixed)
+        for per in range(lo, min(hi, top_b) + 1):
+            keys.append(keyed(0, n - (pp - 1) * per, per))
+        for per in range(lo, min(hi, top_c) + 1):
+            s = n - mid * per
+            keys.append(keyed(s // 2, s - s // 2, per))
+        best = min(keys) if keys else None
+        done_left = lo == 1
+        done_right = hi >= max(top_b, top_c)
+        if best is not None:
+            most = best[0][0]
+            below = lo - 1  # every per <= below leaves at least this much to the first or last
+            left = min(n - (pp - 1) * below, -(-(n - mid * below) // 2) if mid else n)
+            done_left = done_left or left > most
+            done_right = done_right or hi + 1 > most
+        if done_left and done_right:
+            return None if best is None else (best[1], best[2])
+        width *= 2
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -157,6 +157,12 @@ class _Study:
         runner = f"|{req.runner.name}"
         fingerprint = f"{space.fingerprint()}{runner}"
         old = existing.user_attrs.get("space") if existing is not None else None
+        if old is not None and not isinstance(old, str):  # not written by verl-tuner
+            raise UserError(
+                f"study {req.name} in storage {self.label} has a `space` attribute of "
+                f"{type(old).__name__} {str(old)[:40]!r}, not the text verl-tuner writes: the "
+                "storage is damaged or another tool's: pass --study NEW_NAME"
+            )
         if isinstance(old, str):  # pins spelled as before each knob had one name
             old = current_fingerprint(old)
         added: list[str] = []
@@ -266,6 +272,11 @@ class _Study:
                 enqueue_warm_start(self.study, params)
 
     def _cannot_open(self, e: Exception) -> UserError:
+        from tuner.cli_args.messages import storage_failure_line
+
+        known = storage_failure_line(e, self.url)  # a damaged or locked file: said as such
+        if known is not None:
+            return UserError(known)
         first = str(e).splitlines()[0][:160]
         return UserError(
             f"cannot open study {self.req.name} in {self.url} ({first}): "

@@ -150,19 +150,31 @@ def nothing_fits_why(
     the GPU's memory. A study of such a space would only prune; the CLI refuses it before it
     writes anything."""
     m, cl, w = space.model, space.cluster, space.workload
-    smallest, n = float("inf"), 0
+    smallest, why, n = float("inf"), "", 0
     for cand in scored_candidates(space, profile, runner, seed, pool, headroom_gib):
         n += 1
         if validate(cand.candidate, m, cl, w):
             continue
         if not cand.predicted.unfit:
             return ""
-        smallest = min(smallest, cand.predicted.device_gib or cand.predicted.peak_gib)
+        gib = cand.predicted.device_gib or cand.predicted.peak_gib
+        if gib < smallest:
+            smallest, why = gib, cand.predicted.unfit
+    fix = (
+        "use more GPUs (--gpus), a GPU with more memory (--gpu) or a shorter workload "
+        "(--prompt-len, --response-len, --batch)"
+    )
+    head = f"no configuration of {m.name} fits {cl.num_gpus}x {cl.gpu.name}"
+    if smallest < cl.gpu.memory_gib - (headroom_gib or 0.0) and why:
+        # under the cap, unfit for another reason (vLLM's KV cache cannot hold one sequence):
+        # "63 GiB, under the cap" read as if memory were the reason (issue 38)
+        return (
+            f"{head}: the smallest of {n} candidates, {smallest:.0f} GiB a GPU, still cannot "
+            f"run ({why.rstrip('.')}): {fix}"
+        )
     return (
-        f"no configuration of {m.name} fits {cl.num_gpus}x {cl.gpu.name}: the smallest of "
-        f"{n} candidates is predicted at {smallest:.0f} GiB a GPU "
-        f"({cl.gpu.memory_gib:g} GiB, less the headroom): use more GPUs (--gpus), a GPU with "
-        "more memory (--gpu) or a shorter workload (--response-len, --batch)"
+        f"{head}: the smallest of {n} candidates is predicted at {smallest:.0f} GiB a GPU "
+        f"({cl.gpu.memory_gib:g} GiB, less the headroom): {fix}"
     )
 
 

@@ -6,6 +6,7 @@ creation of its tables. A study's workers open it with Optuna's heartbeat on (he
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -17,12 +18,12 @@ from tuner.results import locked
 from tuner.study.storage import heartbeat
 from tuner.study.storage.journal import journal_damage, open_journal
 from tuner.study.storage.locks import advisory_lock
-from tuner.study.storage.urls import driver_url, file_of, is_postgres
+from tuner.study.storage.urls import driver_url, file_of, is_postgres, normal_url
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def _check_file(path: Path, journal: bool) -> None:
+def check_storage_file(path: Path, journal: bool) -> None:
     """Refuse an existing non-empty file that is not the kind of storage its name says, before
     Optuna appends to it or writes tables into it."""
     if not path.exists() or path.stat().st_size == 0:
@@ -52,6 +53,70 @@ def _check_file(path: Path, journal: bool) -> None:
                 "not an Optuna storage; Optuna would add its tables to it: pass --storage with "
                 "a new file"
             )
+        if tables:
+            why = schema_mismatch(path)
+            if why:
+                raise UserError(f"storage sqlite:///{path}: {why}")
+
+
+@functools.cache
+def _optuna_schema() -> tuple[str, list[str], int]:
+    """The schema revision this Optuna writes, every revision it knows (newest first) and its
+    `version_info` schema number: those of a new in-memory storage, through Optuna's public
+    API (RDBStorage.get_head_version, get_all_versions)."""
+    import sqlalchemy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fresh = optuna.storages.RDBStorage("sqlite:///:memory:")
+    try:
+        with fresh.engine.connect() as conn:
+            number = conn.execute(sqlalchemy.text("SELECT schema_version FROM version_info"))
+            schema = int(number.scalar_one())
+        return fresh.get_head_version(), fresh.get_all_versions(), schema
+    finally:
+        fresh.engine.dispose()
+
+
+def schema_mismatch(path: Path) -> str:
+    """Why this Optuna cannot open the Optuna SQLite storage `path` (its schema revision is
+    older or newer than this Optuna's), in Optuna's own words; "" when it can or the file
+    cannot be read so. Read without writing: Optuna refuses such a storage only after it has
+    stamped it (its version row, its alembic revision) and switched it to WAL."""
+    import sqlite3
+    from urllib.parse import quote
+
+    uri = f"file:{quote(str(path.absolute()))}?mode=ro&immutable=1"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            info = conn.execute(
+                "SELECT schema_version, library_version FROM version_info"
+            ).fetchone()
+            try:
+                rev_row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+            except sqlite3.OperationalError:  # made before Optuna used alembic
+                rev_row = None
+    except sqlite3.Error:
+        return ""
+    head, known, schema = _optuna_schema()
+    rev = str(rev_row[0]) if rev_row else None
+    if rev is None:
+        if info is None or info[0] == schema:
+            return ""  # Optuna stamps it as its own and opens it
+        rev = known[-1] if known else ""  # Optuna stamps the first revision: too old
+    if rev == head:
+        return ""
+    made_by = info[1] if info else "an unknown version"
+    text = (
+        f"The runtime optuna version {optuna.__version__} is no longer compatible with the "
+        f"table schema (set up by optuna {made_by}). "
+    )
+    if rev in known:
+        return text + (
+            "Please execute `$ optuna storage upgrade --storage $STORAGE_URL` for upgrading the "
+            "storage."
+        )
+    return text + "Please try updating optuna to the latest version by `$ pip install -U optuna`."
 
 
 OPTUNA_TABLES = frozenset({"studies", "trials", "version_info"})
@@ -87,9 +152,10 @@ def open_storage(url: str, on_stale: StaleCallback | None = None) -> optuna.stor
     `heartbeat.GRACE_S`, read at each open) and calls `on_stale(study, trial)` for each trial
     `fail_stale_trials` fails (a study's workers; readers pass none). Optuna's journal storage
     has no heartbeat."""
+    url = normal_url(url)
     path, journal = file_of(url)
     if path is not None:
-        _check_file(path, journal)
+        check_storage_file(path, journal)
         path.parent.mkdir(parents=True, exist_ok=True)
     if journal and path is not None:
         return open_journal(path)
@@ -116,6 +182,11 @@ def open_storage(url: str, on_stale: StaleCallback | None = None) -> optuna.stor
                 heartbeat_stale_trial_callback=on_stale,
             )
     except Exception as e:  # sqlalchemy raises many types for a bad file or URL
+        from tuner.cli_args.messages import storage_failure_line
+
+        known = storage_failure_line(e, url)  # a damaged or locked file: said as such
+        if known is not None:
+            raise UserError(known) from None
         text = " ".join(str(e).split())
         if "compatible with the table schema" in text:  # Optuna's whole sentence says what to do
             raise UserError(f"storage {url}: {text}") from None

@@ -5,11 +5,13 @@ user attrs as they were); and what Optuna is told of a result (`told`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 import optuna
 
+from tuner.errors import UserError
 from tuner.results import Status, TrialRecord, TrialResult
 from tuner.results.lines import LINE_KEY, line_entry
 
@@ -52,6 +54,14 @@ def stored_record(
     d = t.user_attrs.get(RECORD_ATTR)
     if not isinstance(d, dict):
         return None
+    number = d.get("trial")
+    whole = isinstance(number, int) or (isinstance(number, str) and number.isdecimal())
+    if number is not None and (isinstance(number, bool) or not whole or not str(number).isascii()):
+        raise UserError(
+            f"trial {t.number} of the study's storage keeps a damaged record (its trial is "
+            f"{json.dumps(number)[:40]}, not a whole number): restore the storage from a copy, "
+            "or pass --study NEW_NAME (and --storage with a new file)"
+        )
     fills = (overlay or {}).get(str(t.number))
     if not isinstance(fills, list):
         return d

@@ -11,11 +11,20 @@ JOURNAL_SUFFIXES = (".log", ".jsonl", ".journal")
 """A --storage path with one of these suffixes is an Optuna journal file (several workers)."""
 
 
+def normal_url(url: str) -> str:
+    """`url` with its scheme in lower case, as SQLAlchemy reads it (`SQLITE:///x.db` passed the
+    CLI's check, which reads schemes in any case, and then SQLAlchemy took it for a server's
+    URL: issue 38); a path as it is."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme.lower()}{sep}{rest}" if sep else url
+
+
 def file_of(url: str) -> tuple[Path | None, bool]:
     """(the storage file, is it a journal) for a path or sqlite:/// URL; (None, False) else."""
     if "://" not in url:
         path = Path(url)
         return path, path.suffix in JOURNAL_SUFFIXES
+    url = normal_url(url)
     if url.startswith("sqlite:///"):
         return Path(url.removeprefix("sqlite:///")), False
     return None, False
@@ -86,10 +95,11 @@ def driver_url(url: str) -> str:
     default) is not installed (the `postgres` extra installs psycopg 3); any other as it is."""
     import importlib.util
 
+    url = normal_url(url)
     if url.startswith("postgresql://") and importlib.util.find_spec("psycopg2") is None:
         return "postgresql+psycopg://" + url.removeprefix("postgresql://")
     return url
 
 
 def is_postgres(url: str) -> bool:
-    return url.partition("://")[0].partition("+")[0] == "postgresql"
+    return url.partition("://")[0].partition("+")[0].lower() == "postgresql"
