@@ -1083,6 +1083,17 @@ def flags_of(parser: argparse.ArgumentParser) -> dict[str, Any]:
     return {s: a for a in parser._actions for s in a.option_strings}
 
 
+def _takes(a: argparse.Action, text: str) -> bool:
+    """Whether option `a` takes `text` as its value."""
+    if a.type is None or not callable(a.type):
+        return True
+    try:
+        a.type(text)
+    except (argparse.ArgumentTypeError, ValueError, TypeError):
+        return False
+    return True
+
+
 def _runner_options() -> list[tuple[str, list[str]]]:
     """Each option `RUN_OPTIONS` declares, with a value that is not its default."""
     actions = flags_of(_run_parser())
@@ -1094,7 +1105,7 @@ def _runner_options() -> list[tuple[str, list[str]]]:
         elif a.choices:
             given = [flag, next(c for c in a.choices if c != a.default)]
         else:
-            given = [flag, "x=y"]
+            given = [flag, "x=y" if _takes(a, "x=y") else "4"]  # a count: --verl-steps
         out.append((flag, given))
     return out
 
