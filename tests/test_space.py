@@ -447,3 +447,16 @@ def test_etp_on_a_dense_model_is_not_refused() -> None:
     a dense model never uses; the rule is no stricter (issue 20: the two copies disagreed)."""
     assert "dense_no_ep" not in _broken("qwen2.5-7b", 8, layout=ParallelLayout(world=8, etp=2))
     assert "dense_no_ep" in _broken("qwen2.5-7b", 8, layout=ParallelLayout(world=8, ep=2, etp=2))
+
+
+def test_a_declared_expert_imbalance_is_part_of_the_study_fingerprint() -> None:
+    """Issue 37 item 4: the imbalance changes every MoE prediction, so a study made under one
+    refuses to resume under another; at its default the fingerprint is the one studies made
+    before the setting have (they resume)."""
+    m = REGISTRY["qwen3-30b-moe"]
+    cl = Cluster(gpu=get_gpu("h200"), num_gpus=8)
+    w = PRESETS["dapo-math"]
+    before = SearchSpace(model=m, cluster=cl, workload=w).fingerprint()
+    assert "/e" not in before.rpartition("|")[2]
+    skew = w.with_overrides(expert_imbalance=1.5)
+    assert SearchSpace(model=m, cluster=cl, workload=skew).fingerprint() == before + "/e1.5"
