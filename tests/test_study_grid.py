@@ -325,7 +325,7 @@ def test_the_hand_utilization_note_names_only_the_values_passed_over() -> None:
     )
 
 
-MOE24 = str(ROOT / "scripts" / "models" / "qwen3-30b-a3b-24l" / "config.json")
+MOE20 = str(ROOT / "scripts" / "models" / "qwen3-30b-a3b-20l" / "config.json")
 MOE_WORKLOAD = PRESETS["grpo-short"].with_overrides(
     prompt_len=512, prompt_mean=512, response_len=2048, response_mean=2048, batch_size=32, n=4,
     mini_batch_size=8,
@@ -337,7 +337,7 @@ def _moe_space(gpus: int, pinned: tuple[tuple[str, object], ...] = ()) -> Search
 
     cl = Cluster(gpu=get_gpu("h200"), num_gpus=gpus, gpus_per_node=gpus)
     limits = SpaceLimits(pinned=pinned, why="as the verl runner's preflight")
-    return SearchSpace(model=get_model(MOE24), cluster=cl, workload=MOE_WORKLOAD, limits=limits)
+    return SearchSpace(model=get_model(MOE20), cluster=cl, workload=MOE_WORKLOAD, limits=limits)
 
 
 def test_a_moe_model_gets_verls_moe_example_scaled_to_the_gpus() -> None:
@@ -379,3 +379,30 @@ def test_a_moe_model_gets_verls_moe_example_scaled_to_the_gpus() -> None:
     assert sample(optuna.trial.FixedTrial(params2), pinned) == c2
     two = verl_example(_moe_space(2))
     assert two is not None and (two[0].layout.notation, two[0].rollout_tp) == ("ep2", 2)
+
+
+def test_the_committed_moe_candidates_are_ones_the_moe_study_measures() -> None:
+    """scripts/moe2k-h200-x4.candidates.csv (scripts/moe_candidates.py) is what
+    scripts/gpu_moe_study.sh passes to --candidates-from: its rows are of the study's model,
+    GPUs and workload, inside the space the verl runner's pins leave, and hold >= 2 EP sizes."""
+    from tuner.space import Candidate
+    from tuner.study.grid import candidates_from_params
+
+    pins = (
+        ("attention_backend", "auto"),
+        ("gradient_accumulation_fusion", False),
+        ("moe_token_dispatcher_type", "alltoall"),
+    )
+    space = _moe_space(4, pins)
+    path = ROOT / "scripts" / "moe2k-h200-x4.candidates.csv"
+    got = candidates_from_params(path, space)
+    assert len(got) >= 5
+    eps = {Candidate.from_record(r, 4).layout.ep for r in read_raw(path)}
+    assert len(eps) >= 2
+    for params, _ in got:
+        assert not validate(sample(optuna.trial.FixedTrial(params), space), *_moe_args())
+
+
+def _moe_args() -> tuple[object, object, object]:
+    s = _moe_space(4)
+    return s.model, s.cluster, s.workload

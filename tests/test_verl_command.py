@@ -453,7 +453,7 @@ def test_verls_moe_example_composes_as_the_study_launches_it(
     compose: Callable[[list[str]], Any], model_dir: Path
 ) -> None:
     """Issue 37 item 2: the MoE hand row (tuner.study.grid.verl_moe_example, scaled to 4 H200s
-    for scripts/models/qwen3-30b-a3b-24l) is a command verl 0.9.1's own config composes and
+    for scripts/models/qwen3-30b-a3b-20l) is a command verl 0.9.1's own config composes and
     checks, with the example's MoE keys as verl reads them."""
     from omegaconf import OmegaConf
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -463,7 +463,7 @@ def test_verls_moe_example_composes_as_the_study_launches_it(
     from tuner.verl_settings import VerlSettings
 
     root = Path(__file__).resolve().parents[1]
-    m = get_model(str(root / "scripts" / "models" / "qwen3-30b-a3b-24l" / "config.json"))
+    m = get_model(str(root / "scripts" / "models" / "qwen3-30b-a3b-20l" / "config.json"))
     cl = Cluster(gpu=get_gpu("h200"), num_gpus=4, gpus_per_node=4)
     w = get_workload("grpo-short").with_overrides(
         prompt_len=512, response_len=2048, batch_size=32, n=4, mini_batch_size=8

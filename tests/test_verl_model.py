@@ -1,5 +1,5 @@
 """scripts/verl_model.py on a MoE config (issue 37): the random-weight model folder verl's mbridge
-and vLLM load. Qwen3-30B-A3B's committed config (scripts/models/qwen3-30b-a3b-24l) shrunk in
+and vLLM load. Qwen3-30B-A3B's committed config (scripts/models/qwen3-30b-a3b-20l) shrunk in
 width, experts and vocabulary so that it builds on a CPU in seconds; the architecture, the keys
 and the config fields are what the full model's folder gets."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "scripts" / "models" / "qwen3-30b-a3b-24l" / "config.json"
+CONFIG = ROOT / "scripts" / "models" / "qwen3-30b-a3b-20l" / "config.json"
 TINY = {
     "num_hidden_layers": 2,
     "max_window_layers": 2,
