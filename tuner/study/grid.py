@@ -187,26 +187,25 @@ keys, gpu_memory_utilization 0.6, every other key at verl's default."""
 
 VERL_MOE_EXAMPLE = "examples/grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh"
 """verl's Megatron example for Qwen3-30B-A3B (volcengine/verl; "tested in NNODES=1~4 * 96G H20
-GPU"; the newest snapshot stored here, 2026-01-29 b178a3cd, which carries no v0.9.1 tag; the older
-run_qwen3moe-30b_megatron.sh, tp4 pp2 ep4 with dist checkpoints, was removed before it). Its
-performance keys, each as the candidate below carries it:
-  actor tp1 pp1 cp1 ep8 etp1 (COMMON_*), rollout tp4 (INFER_TP), vLLM dp/ep not set (1);
-  param, grad and optimizer offload True; use_dynamic_bsz True with ppo_max_token_len_per_gpu and
-  log_prob_max_token_len_per_gpu of one sample (prompt + response); gpu_memory_utilization 0.7,
-  enforce_eager True, enable_chunked_prefill True, max_num_batched_tokens prompt + response;
-  use_fused_kernels False; no recompute keys (megatron-core's none); override_transformer_config
-  apply_rope_fusion, masked_softmax_fusion, bias_activation_fusion, bias_dropout_fusion,
-  gradient_accumulation_fusion, persist_layer_norm, deallocate_pipeline_outputs True,
-  moe_grouped_gemm True, moe_permute_fusion True, moe_token_dispatcher_type flex with
-  moe_enable_deepep True (DeepEP), moe_router_dtype fp32.
-Not carried (no knob here; each is the example's and not a layout choice): the optimizer's
-override_optimizer_config (optimizer_offload_fraction 1, overlap_cpu_optimizer_d2h_h2d,
-use_precision_aware_optimizer, optimizer_cpu_offload: the CPU Adam of a full offload, where
-optimizer_offload here is verl's offload between phases), moe_router_dtype fp32,
-bias_dropout_fusion, persist_layer_norm, deallocate_pipeline_outputs (mbridge's Qwen3MoEBridge
-sets the two fusions itself). A knob the study's runner pins (no DeepEP on the host: the
-dispatcher alltoall; no APEX: gradient_accumulation_fusion off) runs as pinned, and the origin
-says so."""
+GPU"; read at the newest snapshot stored here, b178a3cd of 2026-01-29, which carries no v0.9.1
+tag; the older run_qwen3moe-30b_megatron.sh, tp4 pp2 ep4 with dist checkpoints, was removed
+before it). The keys it sets that a knob here carries, as verl_moe_example writes them:
+actor tp1 pp1 cp1 ep8 etp1 (COMMON_*), rollout tp4 (INFER_TP; vLLM dp and ep not set: 1);
+param and optimizer offload True (and grad_offload, which verl 0.9.1 folds into param_offload);
+use_dynamic_bsz with ppo_max_token_len_per_gpu and log_prob_max_token_len_per_gpu of one sample
+(prompt + response); gpu_memory_utilization 0.7, enforce_eager True, max_num_batched_tokens
+prompt + response; use_fused_kernels False; no recompute keys (megatron-core's none);
+override_transformer_config apply_rope_fusion, masked_softmax_fusion, bias_activation_fusion,
+gradient_accumulation_fusion, moe_grouped_gemm, moe_permute_fusion True and
+moe_token_dispatcher_type flex with moe_enable_deepep True (DeepEP).
+The keys no knob carries: the optimizer's override_optimizer_config (optimizer_offload_fraction
+1, overlap_cpu_optimizer_d2h_h2d, use_precision_aware_optimizer, optimizer_cpu_offload: a CPU
+Adam, where optimizer_offload here is verl's offload between phases), moe_router_dtype fp32,
+bias_dropout_fusion and persist_layer_norm (mbridge's Qwen3MoEBridge sets both True itself),
+deallocate_pipeline_outputs (pp1: nothing to deallocate), enable_chunked_prefill (verl's default,
+True), the model's max_position_embeddings override and the algorithm's keys (the workload's).
+A knob the study's runner pins (no DeepEP on the host: the dispatcher alltoall; no APEX:
+gradient_accumulation_fusion off) runs as pinned, and the origin says so."""
 
 
 def verl_moe_example(space: SearchSpace) -> tuple[Candidate, str] | None:
