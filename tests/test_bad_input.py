@@ -263,6 +263,16 @@ CASES: list[tuple[str, list[str], str, Setup]] = [
     ("batch-not-mini", [*R, "--batch", "100"], "not a multiple of --mini", _none),
     ("n-zero", [*R, "--n", "0"], "argument --n:", _none),
     ("mini-batch-zero", [*R, "--mini-batch", "0"], "argument --mini-batch:", _none),
+    # issue 37 item 4: the routing a trained MoE router has, declared
+    ("imbalance-below-1", [*R, "--expert-imbalance", "0.5"], "argument --expert-imbalance:", _none),
+    ("imbalance-nan", [*E, "--expert-imbalance", "nan"], "argument --expert-imbalance:", _none),
+    ("imbalance-dense", [*R, "--expert-imbalance", "1.5"], "qwen2.5-7b is dense", _none),
+    (
+        "imbalance-above-ceiling",
+        [*R[:1], "qwen3-30b-moe", *R[2:], "--expert-imbalance", "17"],
+        "above qwen3-30b-moe's ceiling 16 (every token on the same 8 of its 128 experts)",
+        _none,
+    ),
     # --- tune run: search
     ("trials-zero", [*R, "--trials", "0"], "argument --trials: must be a positive", _none),
     ("trials-negative", [*R, "--trials", "-3"], "argument --trials:", _none),

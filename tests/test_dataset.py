@@ -129,7 +129,7 @@ def test_the_word_tokenizer_covers_a_models_vocabulary(tmp_path: Path) -> None:
     assert tok.unk_token_id not in ids
 
 
-@pytest.mark.parametrize("config", ["qwen2.5-3b", "qwen3-1.7b"])
+@pytest.mark.parametrize("config", ["qwen2.5-3b", "qwen3-1.7b", "qwen3-30b-a3b-20l"])
 def test_verls_prompt_path_sees_the_prompts_length(tmp_path: Path, config: str) -> None:
     """The model folder as scripts/verl_model.py writes it (the word tokenizer beside a Qwen
     config.json): transformers then loads the tokenizer with the config's own class (Qwen2's

@@ -489,3 +489,16 @@ def test_no_module_derives_the_expert_dp_or_the_rollout_replicas_again() -> None
         if formulas.search(line)
     ]
     assert not found, found
+
+
+def test_a_declared_expert_imbalance_is_part_of_the_study_fingerprint() -> None:
+    """Issue 37 item 4: the imbalance changes every MoE prediction, so a study made under one
+    refuses to resume under another; at its default the fingerprint is the one studies made
+    before the setting have (they resume)."""
+    m = REGISTRY["qwen3-30b-moe"]
+    cl = Cluster(gpu=get_gpu("h200"), num_gpus=8)
+    w = PRESETS["dapo-math"]
+    before = SearchSpace(model=m, cluster=cl, workload=w).fingerprint()
+    assert "/e" not in before.rpartition("|")[2]
+    skew = w.with_overrides(expert_imbalance=1.5)
+    assert SearchSpace(model=m, cluster=cl, workload=skew).fingerprint() == before + "/e1.5"

@@ -323,3 +323,86 @@ def test_the_hand_utilization_note_names_only_the_values_passed_over() -> None:
     assert (
         note == f", gpu_memory_utilization {low:g} (every one offered predicted OOM in generation)"
     )
+
+
+MOE20 = str(ROOT / "scripts" / "models" / "qwen3-30b-a3b-20l" / "config.json")
+MOE_WORKLOAD = PRESETS["grpo-short"].with_overrides(
+    prompt_len=512, prompt_mean=512, response_len=2048, response_mean=2048, batch_size=32, n=4,
+    mini_batch_size=8,
+)  # fmt: skip
+
+
+def _moe_space(gpus: int, pinned: tuple[tuple[str, object], ...] = ()) -> SearchSpace:
+    from tuner.space import SpaceLimits
+
+    cl = Cluster(gpu=get_gpu("h200"), num_gpus=gpus, gpus_per_node=gpus)
+    limits = SpaceLimits(pinned=pinned, why="as the verl runner's preflight")
+    return SearchSpace(model=get_model(MOE20), cluster=cl, workload=MOE_WORKLOAD, limits=limits)
+
+
+def test_a_moe_model_gets_verls_moe_example_scaled_to_the_gpus() -> None:
+    """Issue 37 item 2: --verl-example on a MoE model is verl's Qwen3-30B-A3B example
+    (ep8, rollout tp4, full offload, one-sample token budgets, gpu_memory_utilization 0.7,
+    eager vLLM, grouped GEMM, fused permute, DeepEP's flex dispatcher), its ep8 halved to the
+    study's GPUs; a knob the runner pins runs as pinned and the origin says so; sample() gives
+    back the same candidate from its params."""
+    from tuner.study.grid import VERL_MOE_EXAMPLE, verl_example, verl_example_params
+
+    space = _moe_space(4)
+    got = verl_example(space)
+    assert got is not None
+    c, origin = got
+    assert (c.layout.notation, c.layout.ep, c.layout.etp, c.rollout_tp) == ("ep4", 4, 1, 4)
+    assert (c.param_offload, c.optimizer_offload, c.use_fused_kernels) == (True, True, False)
+    assert c.use_dynamic_bsz and c.ppo_max_token_len_per_gpu == round_up(2560, 1024)
+    assert c.log_prob_max_token_len_per_gpu == c.ppo_max_token_len_per_gpu
+    assert (c.gpu_memory_utilization, c.enforce_eager) == (0.7, True)
+    assert c.max_num_batched_tokens == 2560
+    assert (c.moe_token_dispatcher_type, c.moe_grouped_gemm, c.moe_permute_fusion) == (
+        "flex",
+        True,
+        True,
+    )
+    assert c.recompute_granularity == "none"
+    assert origin == f"hand: verl example ({VERL_MOE_EXAMPLE} as ep4, rollout tp4)"
+    ((params, _),) = verl_example_params(space)
+    assert sample(optuna.trial.FixedTrial(params), space) == c
+
+    pins = (("moe_token_dispatcher_type", "alltoall"), ("gradient_accumulation_fusion", False))
+    pinned = _moe_space(4, pins)
+    c2, origin2 = verl_example(pinned) or (None, "")
+    assert c2 is not None and c2.moe_token_dispatcher_type == "alltoall"
+    assert not c2.gradient_accumulation_fusion
+    pinned_note = "pinned here: moe_token_dispatcher_type alltoall, gradient_accumulation_fusion"
+    assert f"{pinned_note} False" in origin2
+    ((params2, _),) = verl_example_params(pinned)
+    assert sample(optuna.trial.FixedTrial(params2), pinned) == c2
+    two = verl_example(_moe_space(2))
+    assert two is not None and (two[0].layout.notation, two[0].rollout_tp) == ("ep2", 2)
+
+
+def test_the_committed_moe_candidates_are_ones_the_moe_study_measures() -> None:
+    """scripts/moe2k-h200-x4.candidates.csv (scripts/moe_candidates.py) is what
+    scripts/gpu_moe_study.sh passes to --candidates-from: its rows are of the study's model,
+    GPUs and workload, inside the space the verl runner's pins leave, and hold >= 2 EP sizes."""
+    from tuner.space import Candidate
+    from tuner.study.grid import candidates_from_params
+
+    pins = (
+        ("attention_backend", "auto"),
+        ("gradient_accumulation_fusion", False),
+        ("moe_token_dispatcher_type", "alltoall"),
+    )
+    space = _moe_space(4, pins)
+    path = ROOT / "scripts" / "moe2k-h200-x4.candidates.csv"
+    got = candidates_from_params(path, space)
+    assert len(got) >= 5
+    eps = {Candidate.from_record(r, 4).layout.ep for r in read_raw(path)}
+    assert len(eps) >= 2
+    for params, _ in got:
+        assert not validate(sample(optuna.trial.FixedTrial(params), space), *_moe_args())
+
+
+def _moe_args() -> tuple[object, object, object]:
+    s = _moe_space(4)
+    return s.model, s.cluster, s.workload

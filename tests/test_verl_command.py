@@ -491,3 +491,61 @@ def test_two_knobs_of_one_verl_key_are_refused() -> None:
     b = Knob(name="b", help="", group="kernels", cost="", verl_keys=("x.y",))
     with pytest.raises(ValueError, match="knob b: verl key x.y is already the knob a's"):
         check_verl_keys((a, b))
+
+
+def test_verls_moe_example_composes_as_the_study_launches_it(
+    compose: Callable[[list[str]], Any], model_dir: Path
+) -> None:
+    """Issue 37 item 2: the MoE hand row (tuner.study.grid.verl_moe_example, scaled to 4 H200s
+    for scripts/models/qwen3-30b-a3b-20l) is a command verl 0.9.1's own config composes and
+    checks, with the example's MoE keys as verl reads them."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    from tuner.study.grid import verl_example
+    from tuner.verl_settings import VerlSettings
+
+    root = Path(__file__).resolve().parents[1]
+    m = get_model(str(root / "scripts" / "models" / "qwen3-30b-a3b-20l" / "config.json"))
+    cl = Cluster(gpu=get_gpu("h200"), num_gpus=4, gpus_per_node=4)
+    w = get_workload("grpo-short").with_overrides(
+        prompt_len=512, response_len=2048, batch_size=32, n=4, mini_batch_size=8
+    )
+    got = verl_example(SearchSpace(model=m, cluster=cl, workload=w))
+    assert got is not None
+    ov = verl_command.overrides(
+        got[0],
+        m,
+        cl,
+        w,
+        model_path=str(model_dir),
+        train_file="/data/synthetic/train.parquet",
+        reward_fn="/data/synthetic/reward.py",
+        nnodes=cl.num_nodes,
+        experiment="compose-test",
+        settings=VerlSettings(bridge="mbridge"),
+    )
+    cfg = compose(verl_command.override_args(ov))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        validate_config(cfg, need_reference_policy(cfg), need_critic(cfg))
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.megatron)
+    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    meg = a.megatron
+    assert (meg.tensor_model_parallel_size, meg.expert_model_parallel_size) == (1, 4)
+    assert meg.expert_tensor_parallel_size in (1, None)
+    assert (meg.param_offload, meg.optimizer_offload, meg.vanilla_mbridge) == (True, True, True)
+    tf = OmegaConf.to_container(meg.override_transformer_config)
+    assert isinstance(tf, dict)
+    assert tf["moe_token_dispatcher_type"] == "flex" and tf["moe_grouped_gemm"] is True
+    assert tf["moe_permute_fusion"] is True
+    assert a.use_dynamic_bsz and a.ppo_max_token_len_per_gpu == 3072
+    assert (r.tensor_model_parallel_size, r.gpu_memory_utilization, r.enforce_eager) == (
+        4,
+        0.7,
+        True,
+    )
+    assert r.max_num_batched_tokens == 2560
+    assert cfg.actor_rollout_ref.ref.megatron.expert_model_parallel_size == 4

@@ -77,7 +77,7 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
-    from tuner.workload import PRESETS
+    from tuner.workload import EXPERT_IMBALANCE, PRESETS
 
     g = p.add_argument_group("workload (a preset, each field overridable)")
     g.add_argument(
@@ -111,6 +111,13 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--mini-batch", type=whole_in(PROMPTS), help=f"PPO mini batch in prompts ({PROMPTS.text})"
+    )
+    g.add_argument(
+        "--expert-imbalance",
+        type=real_in(EXPERT_IMBALANCE),
+        help="MoE: the busiest expert's routed tokens over the mean expert's, as your trained "
+        f"router routes them ({EXPERT_IMBALANCE.text}; default 1, perfect balance; verl's "
+        "rollout/moe/max_vio/avg + 1)",
     )
 
 

@@ -47,7 +47,21 @@ def build_setup(args: argparse.Namespace) -> Setup:
         batch_size=args.batch,
         n=args.n,
         mini_batch_size=args.mini_batch,
+        expert_imbalance=getattr(args, "expert_imbalance", None),
     )
+    if workload.expert_imbalance != 1.0:
+        if not model.is_moe:
+            raise UserError(
+                f"--expert-imbalance {workload.expert_imbalance:g}: {model.name} is dense (no "
+                "routed experts): leave --expert-imbalance out"
+            )
+        ceiling = model.num_experts / model.moe_topk
+        if workload.expert_imbalance > ceiling:
+            raise UserError(
+                f"--expert-imbalance {workload.expert_imbalance:g} is above {model.name}'s "
+                f"ceiling {ceiling:g} (every token on the same {model.moe_topk} of its "
+                f"{model.num_experts} experts): give at most {ceiling:g}"
+            )
     return Setup(model=model, cluster=cluster, workload=workload)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from tuner.bounds import Bounds
 from tuner.errors import UserError
 
 if TYPE_CHECKING:
@@ -32,6 +33,15 @@ Megatron actor packs sequences without padding (THD), so compute and KV cache sc
 prompt. Math prompts with their chat template and instruction are 100-300 tokens (DAPO-Math-17k,
 GSM8K, MATH) against the usual 2k cap: about 10%."""
 
+EXPERT_IMBALANCE = Bounds(
+    low=1, high=64, why="1: a balanced router; 64: one expert with 64 times its share"
+)
+"""`--expert-imbalance`: the busiest routed expert's tokens over the mean expert's, as verl
+0.9.1's rollout MoE load-balance metric `rollout/moe/max_vio/avg` plus 1 (metric_utils.py
+`_compute_rollout_moe_load_balance_metrics_from_counts`: max over experts of load * E / total
+- 1). A model's own ceiling, every token on the same top-k experts, is experts / top-k; the
+study refuses a value above it (tuner.request.build_setup)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Workload:
@@ -58,6 +68,13 @@ class Workload:
     """`actor_rollout_ref.rollout.n`: responses per prompt."""
     mini_batch_size: int = 32
     """`actor_rollout_ref.actor.ppo_mini_batch_size`, in prompts."""
+    expert_imbalance: float = 1.0
+    """MoE routing: the busiest expert's routed tokens over the mean expert's
+    (EXPERT_IMBALANCE). A random router, as the studies' random-weight models have, is near 1;
+    a trained one is not. 1.0, the default, is what the cost model assumed before it had this
+    setting (every expert-parallel rank routes the same tokens); the cost model prices the
+    busiest expert-parallel rank's expert GEMMs with it (tuner.estimate.time). Dense models
+    ignore it."""
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -78,6 +95,11 @@ class Workload:
             raise UserError(
                 f"response clip fraction {self.response_clip_fraction} must be below 1 (a share "
                 "of the responses)"
+            )
+        why = EXPERT_IMBALANCE.refusal(self.expert_imbalance)
+        if why is not None:
+            raise UserError(
+                f"--expert-imbalance {why}: give the busiest expert's load over the mean"
             )
         if self.batch_size % self.mini_batch_size:
             raise UserError(

@@ -388,3 +388,22 @@ def test_layernorm_recompute_is_charged_where_the_memory_model_frees_it() -> Non
             m, base
         )
         assert slower is charged and smaller is charged, (m.name, kw)
+
+
+def test_expert_imbalance_slows_the_busiest_expert_parallel_rank_only() -> None:
+    """Issue 37 item 4: a declared routing imbalance (Workload.expert_imbalance) prices the
+    busiest expert-parallel rank's expert GEMMs and all-to-all; with every expert on each GPU
+    (ep1) the grouped GEMM's rows add up the same, and the default 1.0 is the balanced model."""
+    cl = cluster(8, "h200")
+    skewed = dataclasses.replace(DAPO, expert_imbalance=4.0)
+    ep8, ep1 = cand("ep8"), cand("dp8")
+    base = estimate(ep8, MOE30B, cl, DAPO)
+    assert estimate(ep8, MOE30B, cl, dataclasses.replace(DAPO, expert_imbalance=1.0)) == base
+    hot = estimate(ep8, MOE30B, cl, skewed)
+    assert hot.update_actor_s > base.update_actor_s * 1.02
+    assert hot.old_log_prob_s > base.old_log_prob_s
+    assert hot.generation_s == base.generation_s  # the rollout's experts are not priced by it
+    flat = estimate(ep1, MOE30B, cl, DAPO)
+    assert estimate(ep1, MOE30B, cl, skewed).update_actor_s == pytest.approx(flat.update_actor_s)
+    dense = estimate(cand("tp2"), QWEN7B, cl, DAPO)
+    assert estimate(cand("tp2"), QWEN7B, cl, skewed) == dense

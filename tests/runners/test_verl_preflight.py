@@ -46,6 +46,7 @@ def stand_ins(
     te: bool = True,
     mbridge_old: bool = False,
     flashinfer: bool = False,
+    deep_ep: bool = False,
 ) -> Path:
     """vLLM, megatron-core (with its ModelType enum), transformer-engine and both bridges."""
     _package(site, "vllm", vllm, {"vllm/__init__.py": ""}, requires=[f"torch=={TORCH}"])
@@ -73,6 +74,8 @@ def stand_ins(
         )
     if flashinfer:
         _package(site, "flashinfer-python", "0.5.0", {"flashinfer/__init__.py": ""})
+    if deep_ep:
+        _package(site, "deep-ep", "1.2.1", {"deep_ep/__init__.py": ""})
     return site
 
 
@@ -93,9 +96,21 @@ def test_a_complete_host_passes_and_says_what_trials_need(host) -> None:
     pf = preflight(sys.executable, VerlSettings(bridge="mbridge"))
     assert pf.versions["verl"] == "0.9.1" and pf.versions["vllm"] == "0.24.0"
     assert pf.env == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}  # no flashinfer on this host
-    # no flash_attn, no APEX extension either
-    assert pf.pinned == (("attention_backend", "auto"), ("gradient_accumulation_fusion", False))
+    # no flash_attn, no APEX extension, no DeepEP either
+    assert pf.pinned == (
+        ("attention_backend", "auto"),
+        ("gradient_accumulation_fusion", False),
+        ("moe_token_dispatcher_type", "alltoall"),
+    )
     assert "megatron-core=0.19.2" in pf.versions_text
+
+
+def test_the_moe_dispatcher_is_free_where_deepep_imports(host) -> None:
+    """Issue 37: verl's MoE example sets the flex dispatcher, which megatron-core runs on DeepEP;
+    a host without it pins alltoall (above) instead of failing each flex trial at model build."""
+    host(deep_ep=True)
+    pf = preflight(sys.executable, VerlSettings(bridge="mbridge"))
+    assert "moe_token_dispatcher_type" not in dict(pf.pinned)
 
 
 def test_flashinfer_present_needs_no_environment(host) -> None:
@@ -256,3 +271,27 @@ def test_the_bridge_is_set_by_its_option_not_an_override() -> None:
     for key in ("actor_rollout_ref.actor.megatron", "critic.megatron"):
         with pytest.raises(UserError, match="use --verl-bridge"):
             VerlSettings.parse(bridge="mbridge", overrides=[f"{key}.vanilla_mbridge=False"])
+
+
+def test_a_study_made_before_the_dispatcher_pin_resumes_under_it() -> None:
+    """The committed verl studies (results/verl4k-h100-x1.sqlite3: Qwen3-1.7B, the H100's pins
+    attention_backend and gradient_accumulation_fusion) were made before the DeepEP pin; the pin
+    is the Candidate's default, so the study loop resumes them (SearchSpace.added_since)."""
+    from tuner.hardware import Cluster, get_gpu
+    from tuner.models import get_model
+    from tuner.space import SearchSpace, SpaceLimits
+    from tuner.workload import get_workload
+
+    root = Path(__file__).resolve().parents[2]
+    m = get_model(str(root / "scripts" / "models" / "qwen3-1.7b" / "config.json"))
+    cl = Cluster(gpu=get_gpu("h100"), num_gpus=1, gpus_per_node=1)
+    w = get_workload("dapo-math").with_overrides(
+        prompt_len=256, prompt_mean=256, response_len=4096, response_mean=4096, batch_size=8,
+        n=4, mini_batch_size=4,
+    )  # fmt: skip
+    old = (("attention_backend", "auto"), ("gradient_accumulation_fusion", False))
+    new = (*old, ("moe_token_dispatcher_type", "alltoall"))
+    before = SearchSpace(model=m, cluster=cl, workload=w, limits=SpaceLimits(pinned=old))
+    after = SearchSpace(model=m, cluster=cl, workload=w, limits=SpaceLimits(pinned=new))
+    assert after.fingerprint() != before.fingerprint()
+    assert after.added_since(before.fingerprint()) == ["moe_token_dispatcher_type"]

@@ -91,6 +91,8 @@ class Context:
     """Scale of the exponential part of the response lengths."""
     lengths: ResponseLengths | None = None
     """The response-length model (tuner.lengths) of the workload."""
+    expert_imbalance: float = 1.0
+    """The busiest routed expert's tokens over the mean expert's (Workload.expert_imbalance)."""
     seq_mean: float = 0.0
     seq_sd: float = 0.0
     seq_eff: float = 0.0
@@ -154,6 +156,7 @@ class Context:
         self.prompt_mean = w.mean_prompt_len
         self.response_mean = w.mean_response_len
         self.response_max = w.response_len
+        self.expert_imbalance = w.expert_imbalance
         self.lengths = w.response_lengths
         self.theta = self.lengths.theta
         e_r2 = self.lengths.second_moment()

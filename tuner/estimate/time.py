@@ -148,6 +148,20 @@ class _Lin:
     """Pipeline send+receive of one micro-batch's boundary activations (one direction)."""
 
 
+def busiest_rank_load(imbalance: float, experts: int, ep: int) -> float:
+    """The busiest expert-parallel rank's routed tokens over the mean rank's, where the busiest
+    expert takes `imbalance` times the mean expert's tokens (Workload.expert_imbalance) and the
+    other E - 1 share the rest evenly: that expert and E/ep - 1 of the others on one rank, so
+    (imbalance + (E/ep - 1) * (E - imbalance) / (E - 1)) * ep / E. It is 1 at ep 1 (one GPU
+    holds every expert: the grouped GEMM's rows add up the same however they are routed),
+    `imbalance` where each rank holds one expert, and exactly 1 where imbalance is 1, the
+    balance the cost model assumed before it had the setting."""
+    if imbalance == 1.0 or experts <= 1:
+        return 1.0
+    local = experts / ep
+    return (imbalance + (local - 1) * (experts - imbalance) / (experts - 1)) / local
+
+
 def _layout_lin(ctx: Context, c: Candidate) -> _Lin:
     """A layer's time per token (slope) and per micro-batch (intercept) of each part, for the
     candidate's layout and kernels: memoized in the context by the fields it reads
@@ -235,14 +249,16 @@ def _compute_layout_lin(ctx: Context, c: Candidate) -> _Lin:
         fe = ctx.moe_ffn / etp
         local_experts = ctx.experts / ep
         grouped_rate = gemm_rate * p.grouped_gemm_efficiency
-        expert_flops = 2 * routed * 3 * h * fe
+        # the busiest expert-parallel rank sets the pace (the all-to-all waits for it)
+        busiest = routed * busiest_rank_load(ctx.expert_imbalance, ctx.experts, ep)
+        expert_flops = 2 * busiest * 3 * h * fe
         tile = 2 * 3 * h * fe * GROUPED_GEMM_TILE_ROWS * local_experts / grouped_rate
         router = 2 * h * ctx.experts / sp_div / gemm_rate
-        act_bytes = routed * (2 * h + 6 * fe) * BF16 / hbm
+        act_bytes = busiest * (2 * h + 6 * fe) * BF16 / hbm
         perm = routed * h * BF16 / hbm
         w_bytes = local_experts * 3 * h * fe
         if not c.bias_activation_fusion:
-            act_bytes += routed * SWIGLU_UNFUSED_PASSES * 2 * fe * BF16 / hbm
+            act_bytes += busiest * SWIGLU_UNFUSED_PASSES * 2 * fe * BF16 / hbm
         passes = PERMUTE_PASSES if c.moe_permute_fusion else PERMUTE_PASSES_UNFUSED
         moe_f = expert_flops / grouped_rate + act_bytes + router + passes / 3 * perm
         moe_b = 2 * expert_flops / grouped_rate + 2 * act_bytes + 2 * router
@@ -253,7 +269,7 @@ def _compute_layout_lin(ctx: Context, c: Candidate) -> _Lin:
             bwd_i += local_experts * 6 * SEQUENTIAL_EXPERT_LAUNCH_S
         a2a_f = a2a_b = a2a_i = 0.0
         if ep > 1:
-            vol = routed * h * BF16 * (ep - 1) / ep
+            vol = busiest * h * BF16 * (ep - 1) / ep  # the busiest rank's receive
             if c.moe_token_dispatcher_type == "allgather":
                 vol = h * BF16 * (ep - 1) / sp_div  # every rank gathers every token
             if ep * etp <= ctx.local_gpus:

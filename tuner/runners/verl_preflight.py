@@ -157,6 +157,9 @@ def interpret(found: dict, settings: VerlSettings) -> Preflight:
             "APEX's fused_weight_gradient_mlp_cuda is not installed: "
             "gradient_accumulation_fusion pinned off"
         )
+    if not optional.get("deep_ep"):
+        pinned += (("moe_token_dispatcher_type", "alltoall"),)
+        notes.append("DeepEP is not installed: moe_token_dispatcher_type pinned to alltoall")
     if env:
         notes.append("flashinfer is not installed: trials set VLLM_USE_FLASHINFER_SAMPLER=0")
     return Preflight(

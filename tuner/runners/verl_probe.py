@@ -48,6 +48,10 @@ OPTIONAL = {
     # (megatron/core/tensor_parallel/layers.py raises "fused_weight_gradient_mlp_cuda module is
     # not found"; seen failing a verl trial on the lent H100)
     "apex_wgrad": "fused_weight_gradient_mlp_cuda",
+    # megatron-core 0.19.2's flex MoE dispatcher runs on DeepEP by default
+    # (transformer_config.py: moe_flex_dispatcher_backend "deepep"); without deep_ep,
+    # moe/fused_a2a.py has no fused_dispatch and token_dispatcher.py's _DeepepManager raises
+    "deep_ep": "deep_ep",
 }
 
 

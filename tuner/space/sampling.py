@@ -304,11 +304,14 @@ class SearchSpace:
         )
 
     def workload_part(self) -> str:
-        """`w=dapo/205/1229/0.03`: algorithm, mean prompt and response, clip fraction."""
+        """`w=dapo/205/1229/0.03`: algorithm, mean prompt and response, clip fraction, and
+        `/e1.5` where the MoE routing imbalance is declared (Workload.expert_imbalance; absent
+        at its default 1, so the studies made before it resume)."""
         w = self.workload
+        skew = f"/e{w.expert_imbalance:g}" if w.expert_imbalance != 1.0 else ""
         return (
             f"{WORKLOAD_TAG}{w.algorithm}/{w.mean_prompt_len:g}/{w.mean_response_len:g}/"
-            f"{w.clip_fraction:g}"
+            f"{w.clip_fraction:g}{skew}"
         )
 
     def added_since(self, old: str) -> list[str]:

@@ -185,12 +185,80 @@ rollout tp2, fixed micro-batches of 4 for the update and the log-probs, no recom
 keys, gpu_memory_utilization 0.6, every other key at verl's default."""
 
 
-def verl_example(space: SearchSpace) -> tuple[Candidate, str] | None:
-    """verl's example scaled to this study's GPUs (its tp2pp2 halved until it fits, rollout TP
-    as the actor's TP); None if that is not valid here."""
+VERL_MOE_EXAMPLE = "examples/grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh"
+"""verl's Megatron example for Qwen3-30B-A3B (volcengine/verl; "tested in NNODES=1~4 * 96G H20
+GPU"; read at the newest snapshot stored here, b178a3cd of 2026-01-29, which carries no v0.9.1
+tag; the older run_qwen3moe-30b_megatron.sh, tp4 pp2 ep4 with dist checkpoints, was removed
+before it). The keys it sets that a knob here carries, as verl_moe_example writes them:
+actor tp1 pp1 cp1 ep8 etp1 (COMMON_*), rollout tp4 (INFER_TP; vLLM dp and ep not set: 1);
+param and optimizer offload True (and grad_offload, which verl 0.9.1 folds into param_offload);
+use_dynamic_bsz with ppo_max_token_len_per_gpu and log_prob_max_token_len_per_gpu of one sample
+(prompt + response); gpu_memory_utilization 0.7, enforce_eager True, max_num_batched_tokens
+prompt + response; use_fused_kernels False; no recompute keys (megatron-core's none);
+override_transformer_config apply_rope_fusion, masked_softmax_fusion, bias_activation_fusion,
+gradient_accumulation_fusion, moe_grouped_gemm, moe_permute_fusion True and
+moe_token_dispatcher_type flex with moe_enable_deepep True (DeepEP).
+The keys no knob carries: the optimizer's override_optimizer_config (optimizer_offload_fraction
+1, overlap_cpu_optimizer_d2h_h2d, use_precision_aware_optimizer, optimizer_cpu_offload: a CPU
+Adam, where optimizer_offload here is verl's offload between phases), moe_router_dtype fp32,
+bias_dropout_fusion and persist_layer_norm (mbridge's Qwen3MoEBridge sets both True itself),
+deallocate_pipeline_outputs (pp1: nothing to deallocate), enable_chunked_prefill (verl's default,
+True), the model's max_position_embeddings override and the algorithm's keys (the workload's).
+A knob the study's runner pins (no DeepEP on the host: the dispatcher alltoall; no APEX:
+gradient_accumulation_fusion off) runs as pinned, and the origin says so."""
+
+
+def verl_moe_example(space: SearchSpace) -> tuple[Candidate, str] | None:
+    """verl's MoE example (VERL_MOE_EXAMPLE) scaled to this study's GPUs: its ep8 halved until
+    it fits (references.scale_layout), rollout TP 4 or the GPUs there are where fewer; the
+    space's pinned knobs replace the example's values of them. None if not valid here."""
     from tuner.references import scale_layout
 
     m, cl, w = space.model, space.cluster, space.workload
+    lay = scale_layout("ep8", cl.num_gpus)
+    if lay is None or not m.is_moe or m.num_experts % lay.ep:
+        return None
+    one = token_budget(1.0, w.max_seq_len, lay.cp)
+    c = Candidate(
+        layout=lay,
+        sequence_parallel=False,
+        recompute_granularity="none",
+        param_offload=True,
+        optimizer_offload=True,
+        use_fused_kernels=False,
+        gradient_accumulation_fusion=True,
+        moe_token_dispatcher_type="flex",
+        moe_grouped_gemm=True,
+        moe_permute_fusion=True,
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=one,
+        log_prob_max_token_len_per_gpu=one,
+        rollout_tp=min(4, cl.num_gpus),
+        gpu_memory_utilization=0.7,
+        enforce_eager=True,
+        max_num_batched_tokens=w.max_seq_len,
+    )
+    pinned = [(k, v) for k, v in space.limits.pinned if k in Candidate.__dataclass_fields__]
+    changed = [f"{k} {v}" for k, v in pinned if getattr(c, k) != v]
+    c = dataclasses.replace(c, **dict(pinned))
+    if validate(c, m, cl, w):
+        return None
+    note = f"; pinned here: {', '.join(changed)}" if changed else ""
+    return c, (
+        f"{VERL_EXAMPLE_ORIGIN} ({VERL_MOE_EXAMPLE} as {lay.notation}, rollout "
+        f"tp{c.rollout_tp}{note})"
+    )
+
+
+def verl_example(space: SearchSpace) -> tuple[Candidate, str] | None:
+    """verl's example scaled to this study's GPUs (its tp2pp2 halved until it fits, rollout TP
+    as the actor's TP); None if that is not valid here. A MoE model gets verl's MoE example
+    (verl_moe_example)."""
+    from tuner.references import scale_layout
+
+    m, cl, w = space.model, space.cluster, space.workload
+    if m.is_moe:
+        return verl_moe_example(space)
     lay = scale_layout("tp2pp2", cl.num_gpus)
     if lay is None:
         return None
