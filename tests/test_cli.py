@@ -156,6 +156,20 @@ def test_help_explains(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--trials" in out and "resume" in out and "--storage" in out
 
 
+def test_run_help_lists_every_gpu_kind_the_registry_holds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--gpu`'s help is the hardware registry's kinds, not a list typed by hand (issue 38.6:
+    it named four kinds while six were accepted)."""
+    from tuner.hardware import GPUS
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"GPU kind: {', '.join(GPUS)} (default h100)" in out
+    assert len(GPUS) > 4
+
+
 def test_plot_writes_a_png(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
     assert main(["--model", "qwen2.5-7b", "--gpus", "8", "--trials", "8", "--no-progress"]) == 0
@@ -344,3 +358,26 @@ def test_the_tune_command_is_this_one() -> None:
     )
     out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--model" in out.stdout
+
+
+def test_a_calibrated_profile_is_announced_and_recorded_in_every_row(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tune calibrate` writes results/calibration.json, which every later run in the folder
+    uses: the run says so and each row's extra names the file (issue 38.6); a run without one
+    says nothing of a profile."""
+    from tuner.estimate import Profile, save_profile
+
+    argv = ["--model", "qwen2.5-7b", "--gpus", "8", "--trials", "2", "--no-progress"]
+    assert main([*argv, "--study", "plain"]) == 0
+    assert "profile" not in capsys.readouterr().out
+    plain = read_raw(workdir / "results" / "plain.csv")
+    assert plain and all("profile=" not in r["extra"] for r in plain)
+
+    save_profile(Profile(), workdir / "results" / "calibration.json")
+    assert main([*argv, "--study", "calibrated"]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated by the profile results/calibration.json" in out
+    rows = read_raw(workdir / "results" / "calibrated.csv")
+    assert len(rows) >= 2
+    assert all("profile=results/calibration.json" in r["extra"] for r in rows)

@@ -525,3 +525,24 @@ def test_a_study_resumes_after_a_knob_is_added_at_its_default(workdir: Path) -> 
                 workdir, runner=_PinningRunner((("max_num_seqs", 512),)), trials=6, warm_start=False
             )
         )
+
+
+def test_a_warm_start_longer_than_a_chunk_runs_in_order(workdir: Path) -> None:
+    """The estimator's 40 searched candidates wait in the study's user attrs past the first
+    WARM_START_CHUNK (Optuna re-read every waiting trial at each read: 200 made a 200-trial
+    study slow, issue 38.7); the trials still run them in the search's order, each once."""
+    from tuner.study.warmstart import WARM_START_CHUNK
+
+    n = 2 * WARM_START_CHUNK + 8
+    req = _request(workdir, trials=n)
+    space = SearchSpace(model=req.model, cluster=req.cluster, workload=req.workload)
+    learner = StudyLearner(capacity_gib=req.cluster.gpu.memory_gib)
+    want = warm_start_params(
+        space, req.profile, 0, req.runner, best=n, search=search_score(req, learner)
+    )[:n]
+    assert len(want) == n
+    s = run_study(req)
+    study = optuna.load_study(study_name=s.name, storage=req.storage_url)
+    assert study.user_attrs["warm_start_enqueued"] == n
+    ran = [(t.params, t.user_attrs.get("origin")) for t in study.trials[:n]]
+    assert ran == [(p, o) for p, o in want]

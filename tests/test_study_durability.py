@@ -208,6 +208,22 @@ def test_a_worker_of_another_host_that_died_is_reclaimed_by_its_heartbeat(
     assert s.trials_total == 2
 
 
+def test_a_resume_inside_another_hosts_heartbeat_window_says_which_trial_it_waits_on(
+    workdir: Path,
+) -> None:
+    """A worker of another host killed mid-trial, and a resume before its heartbeat is a minute
+    old: the trial still counts as running elsewhere, so the resume ends one short of --trials;
+    it says which trial it waits on, on which worker, and when a run can reclaim it (it ended
+    "1 in all" for --trials 2 with exit 0 and no word; issue 38.6)."""
+    req = _request(workdir, 2)
+    number = _worker_killed_mid_trial(req, "gpu-node-7:4242", reap=True)
+    s = run_study(req)
+    assert s.trials_total == 1
+    (note,) = [n for n in s.notes if f"trial {number} still runs on gpu-node-7:4242" in n]
+    assert note.startswith("1 of --trials 2 finished")
+    assert "run the same command again after" in note and " UTC (its heartbeat 60 s old)" in note
+
+
 @SERVERS
 def test_a_killed_worker_not_yet_reaped_is_reclaimed_at_once(
     workdir: Path, kind: str, request: pytest.FixtureRequest

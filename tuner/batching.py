@@ -27,6 +27,7 @@ a 7B model plus attention).
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -187,20 +188,37 @@ def assign_to_dp_ranks(
     if not balance:
         size = n // dp
         return [list(range(r * size, (r + 1) * size)) for r in range(dp)]
-    work = [seq_workload(s) for s in sequence_lengths]
+    return [list(r) for r in _balanced_ranks(tuple(sequence_lengths), dp)]
+
+
+@functools.lru_cache(maxsize=256)
+def _balanced_ranks(lengths: tuple[int, ...], dp: int) -> tuple[tuple[int, ...], ...]:
+    """assign_to_dp_ranks' balanced placement, memoised: the cost model plans one step's
+    lengths for every token budget of a layout's dp, and the placement over the ranks does not
+    depend on the budget (a search scored thousands of plans, most of their time here)."""
+    work = [seq_workload(s) for s in lengths]
     ranks = []
     for part in balanced_partitions(work, dp, equal_size=True):
         part = sorted(part, key=lambda i: (work[i], i))
-        ranks.append(part[::2] + part[1::2][::-1])
-    return ranks
+        ranks.append(tuple(part[::2] + part[1::2][::-1]))
+    return tuple(ranks)
 
 
 def _dynamic_parts(lengths: Sequence[int], samples: Sequence[int], k: int) -> list[tuple[int, ...]]:
+    return list(_dynamic_parts_of(tuple(lengths), tuple(samples), k))
+
+
+@functools.lru_cache(maxsize=8192)
+def _dynamic_parts_of(
+    lengths: tuple[int, ...], samples: tuple[int, ...], k: int
+) -> tuple[tuple[int, ...], ...]:
+    """_dynamic_parts, memoised: budgets that give a rank's share the same micro-batch count
+    give it the same partition."""
     work = [seq_workload(lengths[i]) for i in samples]
     parts = balanced_partitions(work, k, equal_size=False)
     parts.sort(key=lambda p: (sum(work[j] for j in p), p[0]), reverse=True)
     parts = parts[::2][::-1] + parts[1::2]
-    return [tuple(samples[j] for j in p) for p in parts]
+    return tuple(tuple(samples[j] for j in p) for p in parts)
 
 
 def plan_step(

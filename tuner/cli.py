@@ -180,6 +180,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"tune: runner {runner.name}")
     if limits.why:
         print(f"tune: {limits.why}")
+    if req.profile_source:  # a `tune calibrate` here changes every prediction: say so
+        print(
+            f"tune: cost model calibrated by the profile {req.profile_source} (rows say "
+            "profile=... in extra; move the file away or pass --profile for another)"
+        )
     bar = None
     if not args.no_progress:
         from tqdm import tqdm

@@ -38,6 +38,7 @@ from tuner.cli_args.values import (
     real_in,
     whole_in,
 )
+from tuner.hardware import GPUS as GPUS_KINDS
 from tuner.headroom import PHASE_HEADROOM_GIB
 from tuner.megatron_layers import LAYER_SPEC_CHOICES
 
@@ -73,7 +74,11 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
         default=8,
         help=f"GPUs per node ({GPUS_PER_NODE.text}; default 8)",
     )
-    p.add_argument("--gpu", default="h100", help="GPU kind: h100, h200, h20, a100 (default h100)")
+    p.add_argument(
+        "--gpu",
+        default="h100",
+        help=f"GPU kind: {', '.join(GPUS_KINDS)} (default h100)",
+    )
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:

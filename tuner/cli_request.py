@@ -102,7 +102,7 @@ def _has_field(cls: type, name: str) -> bool:
 
 def build_request(args: argparse.Namespace, setup: Setup, runner: Any) -> Any:
     """The TuneRequest of `tune run`'s arguments (study.TuneRequest checks its own values)."""
-    from tuner.estimate import load_profile
+    from tuner.estimate import load_profile, profile_source
     from tuner.study import TuneRequest
 
     extra: dict[str, Any] = {}
@@ -131,6 +131,7 @@ def build_request(args: argparse.Namespace, setup: Setup, runner: Any) -> Any:
         verl_example=getattr(args, "verl_example", False),
         candidates_from=getattr(args, "candidates_from", None),
         profile=load_profile(args.profile),
+        profile_source=profile_source(args.profile),
         allow_off_policy=getattr(args, "allow_off_policy", False),
         **extra,
     )

@@ -40,7 +40,7 @@ EXPERT_IMBALANCE = Bounds(
 0.9.1's rollout MoE load-balance metric `rollout/moe/max_vio/avg` plus 1 (metric_utils.py
 `_compute_rollout_moe_load_balance_metrics_from_counts`: max over experts of load * E / total
 - 1). A model's own ceiling, every token on the same top-k experts, is experts / top-k; the
-study refuses a value above it (tuner.request.build_setup)."""
+study refuses a value above it (tuner.cli_request.build_setup)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

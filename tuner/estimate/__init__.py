@@ -14,7 +14,7 @@ from tuner.estimate.device import phases_unfit
 from tuner.estimate.generation import VLLM_ASYNC_SCHEDULING
 from tuner.estimate.logits import DEFAULT_VERL
 from tuner.estimate.memory import DEVICE_OF, MemoryBreakdown, memory_of
-from tuner.estimate.profile import Profile, load_profile, save_profile
+from tuner.estimate.profile import Profile, load_profile, profile_source, save_profile
 from tuner.estimate.split import split_memory, split_step_s, split_sync_s, split_times
 from tuner.estimate.time import phase_times_of
 from tuner.fields import same_named
@@ -30,6 +30,7 @@ __all__ = [
     "Profile",
     "estimate",
     "load_profile",
+    "profile_source",
     "save_profile",
 ]
 

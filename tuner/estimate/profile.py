@@ -143,6 +143,14 @@ def load_profile(path: Path | None = None) -> Profile:
     return profile_of(load_json(p, "calibration profile"), p)
 
 
+def profile_source(path: Path | None = None) -> str:
+    """The file `load_profile(path)` reads (text), '' where it takes the built-in constants: a
+    study says which profile it uses and records it in every row, since a `tune calibrate` in
+    the folder changes every later run's predictions without a word otherwise."""
+    p = path or DEFAULT_PROFILE_PATH
+    return str(p) if p.exists() else ""
+
+
 def profile_of(data: object, p: Path) -> Profile:
     """The Profile a profile file's JSON holds; UserError naming the file and what is wrong: not
     `tune calibrate`'s schema, a constant this version does not know (a misspelt name was

@@ -47,6 +47,7 @@ from tuner.study.request import Progress, StudySummary, TuneRequest
 from tuner.study.storage import (
     CONFIRM_ORIGIN,
     FINISHED,
+    GRACE_S,
     HEARTBEAT_S,
     NOT_COUNTED,
     RECIPES_ATTR,
@@ -60,13 +61,19 @@ from tuner.study.storage import (
     record_of,
     reread_overlay,
     running_elsewhere,
+    still_running_note,
     storage_label,
     store_record,
     stored_record,
     study_lock,
     told,
 )
-from tuner.study.warmstart import WARM_START_ATTR, enqueue_warm_start, warm_start_params
+from tuner.study.warmstart import (
+    WARM_START_ATTR,
+    enqueue_pending,
+    enqueue_warm_start,
+    warm_start_params,
+)
 
 MAX_CONSECUTIVE_UNFIT = 200
 """Candidates in a row predicted not to fit after which the study gives up (its space does not
@@ -541,15 +548,22 @@ def _loop(
                 reclaim_at = time.monotonic() + HEARTBEAT_S
             ts = s.trials()
             done = s.counted(ts)
-            if done + len(running_elsewhere(ts, locked_)) >= req.trials:
+            elsewhere = running_elsewhere(ts, locked_)
+            if done + len(elsewhere) >= req.trials:
+                if done < req.trials:  # ended short: say which trial it waits on and why
+                    beats = getattr(s.storage, "get_heartbeat_interval", lambda: None)()
+                    grace = GRACE_S if beats else None
+                    notes += [still_running_note(t, done, req.trials, grace) for t in elsewhere]
                 break
+            enqueue_pending(s.study, ts)  # the warm start's next chunk, once the queue is empty
             trial = s.study.ask()
             trial.set_user_attr("worker", WORKER)
             beat.start(trial)
         started, t0 = now(), time.monotonic()
         c = sample(trial, s.space)
         prop = propose(req, c, s.learner)
-        same = s.repeat_of(trial.params, trial.number)
+        # the estimator scores a repeat again (evaluate): no need to look for one
+        same = s.repeat_of(trial.params, trial.number) if req.runner.name != "estimate" else None
         res = evaluate(req, trial, prop, same, should_stop_for(trial))
         rec = build_record(
             req,

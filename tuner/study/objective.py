@@ -30,6 +30,9 @@ BACKENDS = {
 LAUNCHED_AS_WRITTEN = "hand: "
 """Origins of configurations a user writes by hand (verl's own example): launched even where the
 cost model predicts they do not fit, since the comparison is with what the user would run."""
+PROFILE_EXTRA = "profile"
+"""`extra` key naming the calibration profile file the row's predictions used (absent: the
+built-in constants)."""
 NOT_COPIED = frozenset({Status.INTERRUPTED, Status.PRUNED_INVALID, Status.PRUNED_OOM})
 """A repeated candidate is not relaunched; its earlier result is copied, unless it was one of
 these (nothing was measured)."""
@@ -268,6 +271,8 @@ def build_record(
     proposed (raw and corrected), and the result."""
     e, p = prop.scaled, prop.predicted
     extra = dict(res.extra)
+    if req.profile_source:  # the predictions' constants are a calibration's, not built in
+        extra[PROFILE_EXTRA] = req.profile_source
     launch_s = res.launch_s if res.launch_s is not None else _float(extra.get("launch_s"))
     return TrialRecord(
         **base_record(req, storage, number),

@@ -55,6 +55,9 @@ class TuneRequest:
     """Another leaderboard whose ok rows' candidates this study measures first (origin `from
     <csv> trial <n>`): the same configurations through this study's runner."""
     profile: Profile = field(default_factory=Profile)
+    profile_source: str = ""
+    """The calibration profile file `profile` was read from (`tune calibrate`'s, or --profile);
+    '' for the built-in constants. Every row's `extra` names it (`profile=<path>`)."""
     allow_off_policy: bool = False
     """`--allow-off-policy`: placement is searched (colocated, or vLLM on r GPUs of its own
     and the actor on the rest, one step off-policy: tuner/space/placement.py). The runner must

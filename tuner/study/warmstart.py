@@ -3,6 +3,7 @@ per study, the predicted-best first."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -88,11 +89,14 @@ def warm_start_params(
     best, reference, 2nd best, reference, ... A slow (e.g. offloaded) reference layout thus
     never goes first; each candidate appears once. `headroom_gib`: the study's (--headroom-gib),
     None for the default. `search` (the study's score of a candidate, `cost_model_search`'s):
-    the estimator's best are then those of a search climbing from the pool's best layouts,
-    not the pool's own, so they hold the cost model's best over the space."""
+    the estimator's best are then those of a search climbing from the best layouts of a pool
+    drawn with SEARCH_SEED, not the pool's own, so they hold the cost model's best over the
+    space, the same whatever the study's `seed` (issue 38.7: seeds 0 and 2 answered 2342 and
+    2420 tokens/s/GPU on qwen3-30b-moe x 32)."""
     refs: list[tuple[float, dict[str, Any], str]] = []
     scored: list[tuple[float, dict[str, Any], str]] = []
-    for cand in scored_candidates(space, profile, runner, seed, pool, headroom_gib):
+    pool_seed = seed if search is None else SEARCH_SEED
+    for cand in scored_candidates(space, profile, runner, pool_seed, pool, headroom_gib):
         if not cand.predicted.unfit:
             into = scored if cand.origin == "estimator" else refs
             into.append((cand.predicted.tokens_per_s_per_gpu, cand.params, cand.origin))
@@ -178,19 +182,105 @@ def nothing_fits_why(
     )
 
 
+WARM_START_CHUNK = 16
+"""Warm-start trials enqueued at a time; the rest wait in the study's user attrs
+(`PENDING_ATTR`) until the queue is empty (`enqueue_pending`). Optuna re-reads every unfinished
+trial from an RDB storage at each read (and `skip_if_exists` reads them all per enqueue), so 200
+waiting trials made every read of a 200-trial estimator study slow: measured on qwen3-30b-moe x
+32, its enqueue took 35 s CPU and its trial loop 73 s, chunked 0.4 s and 54 s."""
+PENDING_ATTR = "warm_start_pending"
+"""Prefix of the study user attrs holding the warm start's later chunks: `<prefix>:<i>`, each
+`{"names": [...], "rows": [[origin, value or null, ...], ...]}` (compact: every reader of the
+study's user attrs reads them; one chunk per attr keeps each far under MySQL's 64 KiB TEXT),
+set to null once enqueued."""
+PENDING_NEXT_ATTR = "warm_start_pending_next"
+"""The index of the next chunk `enqueue_pending` enqueues."""
+
+
+def _key(params: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(sorted(params.items()))
+
+
+def _packed(chunk: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
+    names = sorted({n for p, _ in chunk for n in p})
+    return {"names": names, "rows": [[o, *(p.get(n) for n in names)] for p, o in chunk]}
+
+
+def _unpacked(got: Any) -> list[tuple[dict[str, Any], str]]:
+    """A chunk `_packed` wrote, as (params, origin) pairs; what is not one reads as none."""
+    if not isinstance(got, dict):
+        return []
+    names, rows = got.get("names"), got.get("rows")
+    if not isinstance(names, list) or not isinstance(rows, list):
+        return []
+    out = []
+    for row in rows:
+        if isinstance(row, list) and len(row) == len(names) + 1:
+            params = {n: v for n, v in zip(names, row[1:], strict=True) if v is not None}
+            out.append((params, str(row[0])))
+    return out
+
+
 def enqueue_warm_start(study: optuna.Study, params: list[tuple[dict[str, Any], str]]) -> bool:
     """Enqueue the warm start unless this study has it already; call under the study lock.
-    Returns whether it enqueued."""
+    Each candidate once (the first of its params); the first WARM_START_CHUNK go into Optuna's
+    queue, the rest into the study's user attrs for `enqueue_pending`. Returns whether it
+    enqueued."""
     if study.user_attrs.get(WARM_START_ATTR):
         return False
+    seen: set[tuple[Any, ...]] = {
+        _key(t.params) for t in study.get_trials(deepcopy=False) if t.params
+    }
+    once: list[tuple[dict[str, Any], str]] = []
     for p, origin in params:
-        study.enqueue_trial(p, user_attrs={"origin": origin}, skip_if_exists=True)
+        if _key(p) not in seen:
+            seen.add(_key(p))
+            once.append((p, origin))
+    for p, origin in once[:WARM_START_CHUNK]:
+        study.enqueue_trial(p, user_attrs={"origin": origin})
+    rest = once[WARM_START_CHUNK:]
+    for i in range(0, len(rest), WARM_START_CHUNK):
+        chunk = _packed(rest[i : i + WARM_START_CHUNK])
+        study.set_user_attr(f"{PENDING_ATTR}:{i // WARM_START_CHUNK}", chunk)
     study.set_user_attr(WARM_START_ATTR, len(params))
     return True
 
 
-SEARCH_STARTS = 8
+def enqueue_pending(study: optuna.Study, trials: list[optuna.trial.FrozenTrial]) -> bool:
+    """Enqueue the warm start's next chunk where no trial waits in the queue (`trials`: the
+    study's, as read under the study lock, which the caller holds); a candidate a trial already
+    ran is not enqueued again. Returns whether it enqueued anything."""
+    if any(t.state is optuna.trial.TrialState.WAITING for t in trials):
+        return False
+    attrs = study.user_attrs
+    got = attrs.get(PENDING_NEXT_ATTR, 0)
+    i = got if isinstance(got, int) else 0
+    seen = {_key(t.params) for t in trials if t.params}
+    while f"{PENDING_ATTR}:{i}" in attrs:
+        chunk = _unpacked(attrs[f"{PENDING_ATTR}:{i}"])
+        study.set_user_attr(f"{PENDING_ATTR}:{i}", None)
+        i += 1
+        study.set_user_attr(PENDING_NEXT_ATTR, i)
+        added = False
+        for p, origin in chunk:
+            if _key(p) not in seen:
+                seen.add(_key(p))
+                study.enqueue_trial(p, user_attrs={"origin": origin})
+                added = True
+        if added:
+            return True
+    return False
+
+
+BRANCH_COMBINATIONS = 512
+"""The most combinations of a branch's new knobs `cost_model_search` scores for one move."""
+SEARCH_STARTS = 4
 """Layouts whose best candidate in the warm start's pool `cost_model_search` climbs from."""
+SEARCH_SEED = 0
+"""The seed of the pool `cost_model_search` starts from, whatever the study's: the estimator's
+answer is then the same for every --seed. The search is not exhaustive: on qwen3-30b-moe x 32
+H100 the climbs from most seeds' pools end at the best any reached (2419.5 tokens/s/GPU), from
+some at a local optimum below it; seed 0's reaches that best (scripts/bench_study.out.txt)."""
 
 
 def cost_model_search(
@@ -233,10 +323,29 @@ def cost_model_search(
                 for choice in offered[name]:
                     if choice == params[name]:
                         continue
-                    v, p, o = scored({**params, name: choice})
+                    v, p, o = branch(scored({**params, name: choice}), offered)
                     if v > best:
                         best, params, offered, improved = v, p, o, True
         return best, params, offered
+
+    def branch(
+        got: tuple[float, dict[str, Any], dict[str, list[Any]]], before: dict[str, list[Any]]
+    ) -> tuple[float, dict[str, Any], dict[str, list[Any]]]:
+        """The best of `got` with every combination of the knobs the move made appear (full
+        recompute's method and layer count, selective recompute's modules, fixed micro-batch
+        sizes): a move into a branch of the space is scored at the branch's best, not at the
+        first choice of each of its knobs, which may not fit where another does."""
+        new = [n for n in got[2] if n not in before and len(got[2][n]) > 1]
+        if not new:
+            return got
+        top = got
+        for combo in itertools.islice(
+            itertools.product(*(got[2][n] for n in new)), BRANCH_COMBINATIONS
+        ):
+            cand = scored({**got[1], **dict(zip(new, combo, strict=True))})
+            if cand[0] > top[0]:
+                top = cand
+        return top
 
     def pair_move(
         best: float, params: dict[str, Any], offered: dict[str, list[Any]]

@@ -62,7 +62,7 @@ from tuner.study.storage.urls import (
     same_storage,
     storage_label,
 )
-from tuner.study.storage.workers import WORKER, alive, running_elsewhere
+from tuner.study.storage.workers import WORKER, alive, running_elsewhere, still_running_note
 
 __all__ = [
     "CONFIRM_ORIGIN",
@@ -98,6 +98,7 @@ __all__ = [
     "record_of",
     "reread_overlay",
     "running_elsewhere",
+    "still_running_note",
     "same_storage",
     "set_aside_torn_tail",
     "sqlite_tables",

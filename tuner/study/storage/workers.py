@@ -6,6 +6,7 @@ worker id is its own, per storage object, and not in the trial), so the name is 
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import socket
 from collections.abc import Iterable
@@ -53,3 +54,33 @@ def running_elsewhere(
         elif not worker and not locked_:
             out.append(t)  # asked by a worker not yet marked: count it to be safe
     return out
+
+
+def still_running_note(
+    t: optuna.trial.FrozenTrial, done: int, trials: int, grace_s: float | None
+) -> str:
+    """Why a worker ended short of --trials: trial `t` still runs elsewhere (`running_elsewhere`)
+    and counts once it ends. Where its worker is another host's, when a run can reclaim it if
+    that worker died: once its heartbeat is `grace_s` old (at the latest `grace_s` from now,
+    its last beat being no later than now), or never from this host where the storage keeps no
+    heartbeat (`grace_s` None: a journal file). A resume that ended "11 in all" for --trials 12
+    said nothing of the trial it could not take (issue 38.6)."""
+    worker = str(t.user_attrs.get("worker", "")) or "a worker not yet named"
+    text = (
+        f"{done} of --trials {trials} finished: trial {t.number} still runs on {worker} and "
+        "counts once it ends"
+    )
+    host = worker.rpartition(":")[0]
+    if not host or host == socket.gethostname():
+        return text
+    if grace_s is None:
+        return (
+            f"{text}; this storage keeps no heartbeat, so if that worker died only a run on "
+            f"{host} reclaims it (`tune` with the same arguments there)"
+        )
+    at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=grace_s)
+    return (
+        f"{text}; if that worker died, run the same command again after "
+        f"{at.strftime('%H:%M:%S')} UTC (its heartbeat {grace_s:.0f} s old): that run reclaims "
+        f"trial {t.number} and measures its candidate again"
+    )
