@@ -21,11 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from split_candidates import VERL_PINS, PinnedEstimate  # noqa: E402
+from split_candidates import VERL_PINS, PinnedEstimate, add_setup_args, setup_of  # noqa: E402
 
 from tuner.estimate import estimate, load_profile  # noqa: E402
-from tuner.hardware import Cluster, get_gpu  # noqa: E402
-from tuner.models import ModelSpec, get_model  # noqa: E402
+from tuner.hardware import Cluster  # noqa: E402
+from tuner.models import ModelSpec  # noqa: E402
 from tuner.results import read_raw  # noqa: E402
 from tuner.space import (  # noqa: E402
     GPU_MEMORY_UTILIZATIONS,
@@ -38,7 +38,7 @@ from tuner.space import (  # noqa: E402
 )
 from tuner.study import TuneRequest  # noqa: E402
 from tuner.study.loop import run_study  # noqa: E402
-from tuner.workload import Workload, get_workload  # noqa: E402
+from tuner.workload import Workload  # noqa: E402
 
 MOE_PINS = (*VERL_PINS, ("moe_token_dispatcher_type", "alltoall"))
 """The verl runner's pins on a host without flash_attn, APEX's wgrad extension and DeepEP."""
@@ -107,15 +107,7 @@ def screen(m: ModelSpec, cl: Cluster, w: Workload, headroom: float) -> list[Para
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("out", type=Path)
-    p.add_argument("--model", required=True)
-    p.add_argument("--gpus", type=int, required=True)
-    p.add_argument("--gpu", default="h200")
-    p.add_argument("--workload", default="grpo-short")
-    for flag in ("--prompt-len", "--prompt-mean", "--response-len", "--response-mean"):
-        p.add_argument(flag, type=int)
-    for flag in ("--batch", "--n", "--mini-batch"):
-        p.add_argument(flag, type=int)
+    add_setup_args(p)
     p.add_argument("--expert-imbalance", type=float)
     p.add_argument("--trials", type=int, default=30, help="trials of each layout's search")
     p.add_argument("--count", type=int, default=6)
@@ -126,18 +118,7 @@ def main(argv: list[str]) -> int:
         help=f"device memory share kept free of the prediction (default {MARGIN:g})",
     )
     a = p.parse_args(argv)
-    model = get_model(a.model)
-    cl = Cluster(gpu=get_gpu(a.gpu), num_gpus=a.gpus, gpus_per_node=a.gpus)
-    w = get_workload(a.workload).with_overrides(
-        prompt_len=a.prompt_len,
-        prompt_mean=a.prompt_mean,
-        response_len=a.response_len,
-        response_mean=a.response_mean,
-        batch_size=a.batch,
-        n=a.n,
-        mini_batch_size=a.mini_batch,
-        expert_imbalance=a.expert_imbalance,
-    )
+    model, cl, w = setup_of(a, expert_imbalance=a.expert_imbalance)
     headroom = a.margin * cl.gpu.memory_gib
     rows: list[dict[str, str]] = []
     with tempfile.TemporaryDirectory() as tmp:

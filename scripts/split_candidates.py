@@ -22,13 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.estimate import load_profile  # noqa: E402
 from tuner.hardware import Cluster, get_gpu  # noqa: E402
-from tuner.models import get_model  # noqa: E402
+from tuner.models import ModelSpec, get_model  # noqa: E402
 from tuner.results import read_raw  # noqa: E402
 from tuner.runners.estimate import EstimateRunner  # noqa: E402
 from tuner.space import SpaceLimits  # noqa: E402
 from tuner.study import TuneRequest  # noqa: E402
 from tuner.study.loop import run_study  # noqa: E402
-from tuner.workload import get_workload  # noqa: E402
+from tuner.workload import Workload, get_workload  # noqa: E402
 
 VERL_PINS = (("attention_backend", "auto"), ("gradient_accumulation_fusion", False))
 
@@ -47,8 +47,9 @@ class PinnedEstimate(EstimateRunner):
         return None
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser()
+def add_setup_args(p: argparse.ArgumentParser) -> None:
+    """The study's model, GPUs and workload, as `tune run` names them (this script's and
+    scripts/moe_candidates.py's)."""
     p.add_argument("out", type=Path)
     p.add_argument("--model", required=True)
     p.add_argument("--gpus", type=int, required=True)
@@ -58,8 +59,11 @@ def main(argv: list[str]) -> int:
         p.add_argument(flag, type=int)
     for flag in ("--batch", "--n", "--mini-batch"):
         p.add_argument(flag, type=int)
-    p.add_argument("--trials", type=int, default=40)
-    a = p.parse_args(argv)
+
+
+def setup_of(a: argparse.Namespace, **more: object) -> tuple[ModelSpec, Cluster, Workload]:
+    """The model, the one-node cluster and the workload of `add_setup_args`' values (`more`:
+    other workload overrides)."""
     model = get_model(a.model)
     cl = Cluster(gpu=get_gpu(a.gpu), num_gpus=a.gpus, gpus_per_node=a.gpus)
     w = get_workload(a.workload).with_overrides(
@@ -70,7 +74,17 @@ def main(argv: list[str]) -> int:
         batch_size=a.batch,
         n=a.n,
         mini_batch_size=a.mini_batch,
+        **more,
     )
+    return model, cl, w
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    add_setup_args(p)
+    p.add_argument("--trials", type=int, default=40)
+    a = p.parse_args(argv)
+    model, cl, w = setup_of(a)
     best: list[tuple[int, dict[str, str]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.gpus):
