@@ -8,7 +8,6 @@ Each raises a one-line `UserError` that says what to change.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import errno
 import io
@@ -89,25 +88,22 @@ def probe_writable_dir(path: Path, flag: str) -> None:
     import tempfile
 
     base = _nearest_existing(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=base, prefix=".tune-probe-", suffix=".tmp")
+    try:  # an unnamed, unbuffered file in `base`, gone when closed: a probe, not a file put
+        probe = tempfile.TemporaryFile(dir=base, prefix=".tune-probe-", buffering=0)  # noqa: SIM115
     except OSError as e:
         raise UserError(
             f"{flag} {path}: cannot write in {base} ({e.strerror or e}): make it writable or "
             "pass another folder"
         ) from None
-    try:
-        os.write(fd, b"\0")
-        os.fsync(fd)
-    except OSError as e:
-        raise UserError(
-            f"{flag} {path}: cannot write a file in {base} ({e.strerror or e}): free space, "
-            "raise the limit or pass another folder"
-        ) from None
-    finally:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    with probe:
+        try:
+            probe.write(b"\0")
+            os.fsync(probe.fileno())
+        except OSError as e:
+            raise UserError(
+                f"{flag} {path}: cannot write a file in {base} ({e.strerror or e}): free "
+                "space, raise the limit or pass another folder"
+            ) from None
 
 
 def check_writable_file(path: Path, flag: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -108,7 +109,8 @@ def schema_mismatch(path: Path) -> str:
         return ""
     made_by = info[1] if info else "an unknown version"
     text = (
-        f"The runtime optuna version {optuna.__version__} is no longer compatible with the "
+        f"The runtime optuna version {importlib.metadata.version('optuna')} is no longer "
+        "compatible with the "
         f"table schema (set up by optuna {made_by}). "
     )
     if rev in known:
