@@ -33,6 +33,7 @@ def report(results: Path, study: str) -> str:
     head = ["trial", "status", "launch", *names, "startup", "warmup", "measured", "teardown"]
     out.append(" ".join(f"{h:>14}" if i > 1 else f"{h:>6}" for i, h in enumerate(head)))
     gpu_s = measured_s = total_s = 0.0
+    launches: list[tuple[dict[str, str], dict[str, str], float]] = []
     for row in rows:
         folder = results / study / "trials" / row["trial"]
         log = folder / "verl.log"
@@ -50,9 +51,8 @@ def report(results: Path, study: str) -> str:
                 steps = read_console(log.read_text(errors="replace")) if log.exists() else {}
                 kept: dict[str, object] = {}
                 split_wall_time(steps, int(ex.get("step", 3)), 0.0, kept)
-                row["extra"] = ";".join(
-                    [row.get("extra", ""), *(f"{k}={v}" for k, v in kept.items())]
-                )
+                ex.update({k: str(v) for k, v in kept.items()})
+        launches.append((row, ex, launch))
         marks = [got.get(f"t_{n}_s") for n in names]
         startup = float(ex.get("startup_s", "nan"))
         teardown = float(ex.get("teardown_s", "nan"))
@@ -68,29 +68,27 @@ def report(results: Path, study: str) -> str:
         f"launches {total_s:.0f} s in all, measured steps {measured_s:.1f} s "
         f"({100 * measured_s / total_s:.1f}% of the launches); {gpu_s / 3600:.2f} GPU-hours"
     )
-    out += first_steps(rows)
+    out += first_steps(launches)
     return "\n".join(out)
 
 
-def first_steps(rows: list[dict[str, str]]) -> list[str]:
-    """Issue 36's measures: each launch's first step against its steady one (verl's timers of
-    step 1, `step1_*` in extra, where the row has them), how many steps it measured, the
-    compile cache, and the medians the goals are stated in."""
+def first_steps(launches: list[tuple[dict[str, str], dict[str, str], float]]) -> list[str]:
+    """Issue 36's measures of each (row, its extra, its launch's seconds): its first step
+    against its steady one (verl's timers of step 1, `step1_*` in extra, where the row or its
+    log has them), how many steps it measured, the compile cache, and the medians the goals
+    are stated in."""
     out = ["first step against a steady one (s; extra's step1_* and measured_steps)"]
     head = ["trial", "startup", "step1", "steady", "ratio", "gen", "logp", "update", "sync"]
     head += ["untimed", "measured", "cache_new"]
     out.append(" ".join(f"{h:>9}" for h in head))
     startups, ratios, shares = [], [], []
-    for row in rows:
-        ex = parse_extra(row.get("extra", ""))
+    for row, ex, launch in launches:
         if row["status"] != "ok" or "step1_s" not in ex:
             continue
         steady = float(row["step_s"])
         first = float(ex["step1_s"])
         startups.append(float(ex.get("startup_s", "nan")))
         ratios.append(first / steady)
-        launch = float(row["launch_s"] or 0) + float(ex.get("warmup_s", 0))
-        launch += float(row["measured_s"] or 0)
         shares.append(float(row["measured_s"] or 0) / launch if launch else 0.0)
         cells = [row["trial"], ex.get("startup_s", "-"), f"{first:.1f}", f"{steady:.1f}"]
         cells.append(f"{first / steady:.2f}")

@@ -53,6 +53,7 @@ from tuner.runners.process import Launch, log_tail, run_process
 from tuner.runners.verl_device import (
     SMI_LOG,
     DeviceMemorySampler,
+    device_peak,
     pool_peaks,
     predicted_pools,
     read_device_samples,
@@ -442,8 +443,9 @@ class VerlRunner(Runner):
             "log_path": str(res.log_path),
         }
         samples = read_device_samples(spec.trial_dir.resolve() / SMI_LOG)
-        if samples:
-            common["peak_mem_device_gib"] = round(max(mib for _, _, mib in samples) / 1024, 3)
+        device = device_peak(samples)
+        if device is not None:
+            common["peak_mem_device_gib"] = device
             extra["device_mem_sampled"] = "nvidia-smi"
         if spec.candidate.rollout_gpus:  # each pool's device peak beside its prediction
             trainer_gpus = spec.cluster.num_gpus - spec.candidate.rollout_gpus

@@ -52,10 +52,17 @@ class DeviceMemorySampler:
 
 def read_device_peak(path: Path) -> float | None:
     """The largest `memory.used` (MiB) of any GPU in a sampler file, in GiB; None if none."""
-    samples = read_device_samples(path)
-    if not samples:
-        return None
-    return round(max(mib for _, _, mib in samples) / 1024, 3)
+    return device_peak(read_device_samples(path))
+
+
+def device_peak(samples: list[tuple[float, int, float]]) -> float | None:
+    """The largest `memory.used` of any GPU among `samples`, in GiB; None if there are none."""
+    return gib(max(mib for _, _, mib in samples)) if samples else None
+
+
+def gib(mib: float) -> float:
+    """nvidia-smi's MiB as the rows' GiB (3 decimals)."""
+    return round(mib / 1024, 3)
 
 
 def read_device_samples(path: Path) -> list[tuple[float, int, float]]:
@@ -125,9 +132,10 @@ def pool_peaks(
     if len(rise) <= trainer_gpus:
         return {}
     order = sorted(rise, key=lambda g: (rise[g], g))
-    trainer, rollout = order[:trainer_gpus], [g for g in peak if g not in order[:trainer_gpus]]
+    trainer = order[:trainer_gpus]
+    rollout = [g for g in peak if g not in trainer]
     return {
-        "trainer_device_peak_gib": round(max(peak[g] for g in trainer) / 1024, 3),
-        "rollout_device_peak_gib": round(max(peak[g] for g in rollout) / 1024, 3),
+        "trainer_device_peak_gib": gib(max(peak[g] for g in trainer)),
+        "rollout_device_peak_gib": gib(max(peak[g] for g in rollout)),
         "trainer_gpu_indices": "+".join(str(g) for g in sorted(trainer)),
     }

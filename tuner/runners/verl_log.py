@@ -178,17 +178,11 @@ def measures(
         if "perf/throughput" in steps.get(s, {})
     ]
     per_step = [_step_fields(d) for d in window]
-    out: dict[str, float] = {}
-    for f in {k for fields in per_step for k in fields}:
-        values = [fields[f] for fields in per_step if f in fields]
-        out[f] = max(values) if f in PEAK_FIELDS else sum(values) / len(values)
-    extra_steps = [
-        {f: v for f, k in EXTRA.items() if (v := _metric(d, k)) is not None} for d in window
-    ]
-    extra: dict[str, float] = {}
-    for f in {k for e in extra_steps for k in e}:
-        values = [e[f] for e in extra_steps if f in e]
-        extra[f] = max(values) if f == "response_length_max" else sum(values) / len(values)
+    out = _over_steps(per_step, largest=PEAK_FIELDS)
+    extra = _over_steps(
+        [{f: v for f, k in EXTRA.items() if (v := _metric(d, k)) is not None} for d in window],
+        largest=("response_length_max",),
+    )
     if "gen_wait_s" in out:  # a split step's wait for its generation: not a row field
         extra["gen_wait_s"] = out.pop("gen_wait_s")
     verl_tps = out.get("tokens_per_s_per_gpu")
@@ -206,6 +200,16 @@ def measures(
         step_s = [t for t in times if t is not None]
         extra["step_s_min"], extra["step_s_max"] = min(step_s), max(step_s)
     return StepMeasures(step=step, fields=out, extra=extra, count=len(window))
+
+
+def _over_steps(rows: list[dict[str, float]], *, largest: tuple[str, ...]) -> dict[str, float]:
+    """Each key of the steps' `rows`: its mean over the steps that have it, or its largest
+    for the keys in `largest` (peaks)."""
+    out: dict[str, float] = {}
+    for key in {k for row in rows for k in row}:
+        values = [row[key] for row in rows if key in row]
+        out[key] = max(values) if key in largest else sum(values) / len(values)
+    return out
 
 
 def _step_fields(data: dict[str, float]) -> dict[str, float]:
