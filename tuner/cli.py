@@ -148,11 +148,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         megatron_runner_options,
         probe_request_paths,
         verl_runner_options,
+        with_local_host_memory,
     )
     from tuner.runners import make_runner
     from tuner.study import Progress, run_study
 
     setup = build_setup(args)
+    if args.runner in ("verl", "ladder"):  # real verl launches: its node's RAM bounds offload
+        setup = with_local_host_memory(args, setup)
     options: dict[str, Any] = {}
     if args.runner == "verl":
         options = verl_runner_options(args)
@@ -180,6 +183,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"tune: runner {runner.name}")
     if limits.why:
         print(f"tune: {limits.why}")
+    if setup.cluster.host_mem_gib is not None:
+        whose = "--host-mem-gib" if args.host_mem_gib is not None else "this machine's"
+        print(
+            f"tune: host memory {setup.cluster.host_mem_gib:.1f} GiB a node ({whose}): "
+            "candidates predicted to offload past Ray's kill line are pruned"
+        )
     if req.profile_source:  # a `tune calibrate` here changes every prediction: say so
         print(
             f"tune: cost model calibrated by the profile {req.profile_source} (rows say "

@@ -26,6 +26,7 @@ from tuner.cli_args import (
 from tuner.cli_args.values import (
     GPUS,
     GPUS_PER_NODE,
+    HOST_MEM,
     PROMPTS,
     RESPONSES,
     STEPS,
@@ -78,6 +79,13 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
         "--gpu",
         default="h100",
         help=f"GPU kind: {', '.join(GPUS_KINDS)} (default h100)",
+    )
+    p.add_argument(
+        "--host-mem-gib",
+        type=real_in(HOST_MEM),
+        help="host memory (CPU RAM) of one node, GiB: candidates whose offloaded states are "
+        "predicted over Ray's kill line (95%%) are pruned (default: this machine's for "
+        "`--runner verl` launched here on one node, else not checked)",
     )
 
 

@@ -37,7 +37,12 @@ def build_setup(args: argparse.Namespace) -> Setup:
     from tuner.workload import get_workload
 
     model = get_model(args.model)
-    cluster = Cluster(gpu=get_gpu(args.gpu), num_gpus=args.gpus, gpus_per_node=args.gpus_per_node)
+    cluster = Cluster(
+        gpu=get_gpu(args.gpu),
+        num_gpus=args.gpus,
+        gpus_per_node=args.gpus_per_node,
+        host_mem_gib=getattr(args, "host_mem_gib", None),
+    )
     workload = get_workload(args.workload).with_overrides(
         algorithm=args.algorithm,
         prompt_len=args.prompt_len,
@@ -63,6 +68,24 @@ def build_setup(args: argparse.Namespace) -> Setup:
                 f"{model.num_experts} experts): give at most {ceiling:g}"
             )
     return Setup(model=model, cluster=cluster, workload=workload)
+
+
+def with_local_host_memory(args: argparse.Namespace, setup: Setup) -> Setup:
+    """`setup` with this machine's memory as the node's where trials of real verl launch here on
+    one node and --host-mem-gib is not given (Ray's memory monitor judges the same total:
+    /proc/meminfo MemTotal); unchanged elsewhere or where it cannot be read."""
+    local = getattr(args, "launcher", None) in (None, "local") and not getattr(
+        args, "ray_address", None
+    )
+    if args.host_mem_gib is not None or not local or setup.cluster.num_nodes > 1:
+        return setup
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return setup
+    cluster = dataclasses.replace(setup.cluster, host_mem_gib=kib / 1024**2)
+    return dataclasses.replace(setup, cluster=cluster)
 
 
 def verl_runner_options(args: argparse.Namespace) -> dict[str, Any]:

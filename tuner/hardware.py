@@ -114,6 +114,9 @@ class Cluster:
     """GPUs the trial uses in all."""
     gpus_per_node: int = 8
     """GPUs in one node (NVLink domain)."""
+    host_mem_gib: float | None = None
+    """Host memory (CPU RAM) of one node, GiB; None: not known, so not checked
+    (tuner.estimate.host_memory)."""
 
     def __post_init__(self) -> None:
         if self.gpus_per_node <= 0:

@@ -97,6 +97,8 @@ TRIALS = Bounds(
     why="a 100,000-trial leaderboard is about 200 MiB, near what tune reads back",
 )
 """--trials."""
+HOST_MEM = Bounds(low=1, high=65536, unit="GiB", why="64 TiB, beyond any one node's RAM")
+"""--host-mem-gib: one node's host memory."""
 STUDY_SECONDS = Bounds(low=1, high=30 * 86400, unit="s", why="30 days")
 """--timeout: how long a study starts trials."""
 # --trial-timeout: TRIAL_SECONDS, declared in tuner.bounds (tune calibrate's measured times

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from tuner.estimate.context import get_context
 from tuner.estimate.device import phases_unfit
 from tuner.estimate.generation import VLLM_ASYNC_SCHEDULING
+from tuner.estimate.host_memory import host_memory_gib, host_unfit
 from tuner.estimate.logits import DEFAULT_VERL
 from tuner.estimate.memory import DEVICE_OF, MemoryBreakdown, memory_of
 from tuner.estimate.profile import Profile, load_profile, profile_source, save_profile
@@ -77,6 +78,10 @@ class Estimate:
     """Kept free below the capacity by every phase when `fits` was decided (a phase's device
     total + headroom <= capacity): the study's --headroom-gib; None: each phase's own
     (device.phase_headroom_gib)."""
+    host_mem_gib: float = 0.0
+    """Predicted host memory (CPU RAM) of one node, offloaded states included: an estimate
+    fitted on measured rows (tuner.estimate.host_memory); it decides `fits` where the
+    cluster's host_mem_gib is known."""
     overlapped: bool = False
     """Generation overlaps training (a split placement, tuner/estimate/split.py): step_s is
     max(generation_s, old_log_prob_s + ref_s + update_actor_s + critic_s) + reshard_s, not
@@ -103,12 +108,14 @@ def estimate(
 ) -> Estimate:
     """Predicted phase times, throughput, MFU and per-phase peak memory of candidate `c`; it fits
     when each phase's device total plus `headroom_gib` (default: the phase's own,
-    device.phase_headroom_gib) is at most the GPU's memory and vLLM has room for one sequence.
-    `verl_logits`: the verl release whose full-logits passes are counted (estimate/logits.py;
-    the installed one's by default); `rollout_in_actor`: vLLM ran inside the actor's process, as
-    in verl <= 0.5 (memory.memory_of); `async_scheduling`: vLLM overlaps each decode step's host
-    work with the GPU, as the installed vLLM 0.24.0 does by default and the vLLM of the reference
-    leaderboards did not (generation.VLLM_ASYNC_SCHEDULING)."""
+    device.phase_headroom_gib) is at most the GPU's memory, vLLM has room for one sequence and,
+    where the cluster says how much a node has, the node's host memory holds what it keeps
+    there (host_memory.host_unfit). `verl_logits`: the verl release whose full-logits passes
+    are counted (estimate/logits.py; the installed one's by default); `rollout_in_actor`: vLLM
+    ran inside the actor's process, as in verl <= 0.5 (memory.memory_of); `async_scheduling`:
+    vLLM overlaps each decode step's host work with the GPU, as the installed vLLM 0.24.0 does
+    by default and the vLLM of the reference leaderboards did not
+    (generation.VLLM_ASYNC_SCHEDULING)."""
     pool = pools(c.rollout_gpus, cl)
     ctx = get_context(m, pool.trainer, w, profile or _DEFAULT_PROFILE)
     mem = memory_of(ctx, c, verl_logits, rollout_in_actor=rollout_in_actor)
@@ -135,6 +142,10 @@ def estimate(
             f"vLLM has {max(0.0, mem.kv_cache_gib):.1f} GiB for KV cache, less than one "
             f"{w.max_seq_len}-token sequence: raise gpu_memory_utilization or rollout TP"
         )
+    host = host_memory_gib(ctx, c, pool.trainer.local_gpus)
+    if not reason:
+        offloads = c.param_offload or c.optimizer_offload
+        reason = host_unfit(host, cl.host_mem_gib, offloads)
     finite = step < float("inf")
     upd = t.update_actor_s
     return Estimate(
@@ -154,6 +165,7 @@ def estimate(
         slack_gib=_slack_of(mem, phase),
         outside_gib=mem.overhead_gib,
         headroom_gib=headroom_gib,
+        host_mem_gib=host,
         overlapped=pool.split,
     )
 

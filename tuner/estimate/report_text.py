@@ -66,4 +66,6 @@ def format_estimate(
         f"  peak {e.peak_mem_gib:.1f} GiB in {e.peak_phase} of {cluster.gpu.memory_gib:.1f} GiB: "
         f"{verdict}"
     )
+    node = f" of the node's {cluster.host_mem_gib:.1f}" if cluster.host_mem_gib is not None else ""
+    lines.append(f"  host memory {e.host_mem_gib:.1f} GiB a node{node} (a fitted estimate)")
     return "\n".join(lines)

@@ -71,6 +71,9 @@ class TrialRecord(TrialMeasures):
     """Predicted device total at the peak (raw model; the peak where not modelled)."""
     pred_device_mem_corrected_gib: float | None = None
     """The device prediction after the study's memory guard corrected it, when proposed."""
+    pred_host_mem_gib: float | None = None
+    """Predicted host memory (CPU RAM) of one node: a fitted estimate
+    (tuner.estimate.host_memory); verl's measure is `cpu_memory_used_gb` in extra."""
     pred_headroom_gib: float | None = None
     """Headroom the fit decision kept free, when proposed."""
     pred_time_scale: float | None = None

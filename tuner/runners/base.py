@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.estimate import Estimate
+from tuner.estimate.host_memory import HOST_UNFIT
 from tuner.estimate.runner_memory import memory_view
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
@@ -99,10 +100,11 @@ class Runner(abc.ABC):
     ) -> Predicted:
         """The cost model's numbers for what this runner measures (default: the whole step).
         Unfit when the device total + `headroom_gib` (default: the headroom `pred` was
-        estimated with, `estimate(headroom_gib=...)`) exceeds the GPU's memory, or vLLM has no
-        room for one sequence."""
+        estimated with, `estimate(headroom_gib=...)`) exceeds the GPU's memory, vLLM has no
+        room for one sequence, or the node's host memory cannot hold what it offloads."""
         peak, device, phase, unfit = memory_view(pred, cluster, headroom_gib=headroom_gib)
-        if not unfit and not pred.fits and "KV cache" in pred.fit_reason:
+        beyond_device = "KV cache" in pred.fit_reason or pred.fit_reason.startswith(HOST_UNFIT)
+        if not unfit and not pred.fits and beyond_device:
             unfit = pred.fit_reason
         return Predicted(
             tokens_per_s_per_gpu=pred.throughput_tokens_per_s_per_gpu,
