@@ -5,8 +5,9 @@ share of the launch and the study's GPU-hours.
 
 usage: python scripts/launch_cost.py RESULTS_DIR STUDY
 RESULTS_DIR holds STUDY.csv and STUDY/trials/<n>/ (verl.log or verl.log.gz, log-clock.csv).
-Committed output: scripts/launch_cost.out.txt, from
-    python scripts/launch_cost.py results tail4k-h100-x2
+A failed launch counts with its whole wall time (the row's duration_s). Committed outputs:
+    python scripts/launch_cost.py results tail4k-h100-x2   # scripts/launch_cost.out.txt
+    python scripts/launch_cost.py results moe2k-h200-x1  # launch_cost.moe2k-h200-x1.out.txt
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def report(results: Path, study: str) -> str:
             step = float(row["measured_s"] or 0)
             warm = float(ex.get("warmup_s", 0))
             launch = float(row["launch_s"] or 0) + warm + step
+            if not row["launch_s"]:  # a launch that failed: its wall time, spent all the same
+                launch = float(row.get("duration_s") or 0)
             got = timeline(log, folder / CLOCK_NAME, {}, launch)
             if "step1_s" not in ex:  # a row from before the runner kept them: from its log
                 steps = read_console(log.read_text(errors="replace")) if log.exists() else {}
