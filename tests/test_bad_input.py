@@ -169,7 +169,12 @@ def _optuna_sqlite(name: str, library_version: str = "") -> Setup:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        optuna.create_study(study_name="s", storage=f"sqlite:///{d / name}")
+        storage = optuna.storages.RDBStorage(f"sqlite:///{d / name}")
+        optuna.create_study(study_name="s", storage=storage)
+        # the file as the command finds it: closed, its write-ahead log folded in (a connection
+        # left to the garbage collector folds it in while the command runs, and the file that
+        # the test compares changes under it)
+        storage.engine.dispose()
         if library_version:
             with contextlib.closing(sqlite3.connect(d / name)) as c:
                 c.execute("UPDATE alembic_version SET version_num = 'v99.0.0.a'")
