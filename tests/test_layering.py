@@ -98,9 +98,11 @@ ESTIMATE_ORDER = (
     "micro_batches",
     # device memory outside PyTorch: CUDA context, NCCL buffers, vLLM's process, slack, headroom
     "device",
-    # phase memory: vLLM's share and KV cache, then each phase's peak
+    # phase memory: vLLM's share and KV cache, then each phase's peak, then the node's host
+    # memory (what offloading moves there)
     "rollout_memory",
     "memory",
+    "host_memory",
     # phase time: generation, then every phase and the step
     "generation",
     "time",
