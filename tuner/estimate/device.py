@@ -22,7 +22,7 @@ update_actor vLLM's worker sleeps beside the actor, both still holding theirs
 (`verl_training_outside_gib`).
 
 The headroom kept below the capacity depends on the phase (`PHASE_HEADROOM_GIB`, fitted by
-`tuner.fit.memory.fit_phase_headroom` on the committed leaderboards, scripts/memory_fit.py);
+`tuner.fit.memory_fit.fit_phase_headroom` on the committed leaderboards, scripts/memory_fit.py);
 what a study learns from its own trials is `tuner.fit.online.MemoryGuard`.
 """
 
@@ -69,7 +69,7 @@ initialize_model_parallel split a communicator at once (NCCL_DEBUG=INFO: 1 + 20
 ncclCommSplit at world 1, ~0.38 GiB each, kept to the end). The same trial on the same H100:
 8.89 GiB outside PyTorch eager (gpu_outside_probe.out.txt), 2.43 lazy, times and PyTorch peaks
 equal. Rows measured then (their extra has no `nccl_init=lazy`): results/small16k-h100-x1.csv
-8.88..8.96 GiB, dense8k/moe8k-h200-x2.csv 8.41..8.75 (world 2). tuner.fit.memory adds it to
+8.88..8.96 GiB, dense8k/moe8k-h200-x2.csv 8.41..8.75 (world 2). tuner.fit.memory_fit adds it to
 their prediction; nothing else does."""
 NCCL_INIT_KEY = "nccl_init"
 """The extra key of a megatron-runner row that says how its worker initialised NCCL."""
