@@ -109,7 +109,7 @@ def main(out: Path, *, eager_nccl: bool = False) -> int:
 
     experts = choose_experts()
     stage(f"grouped-GEMM experts check ({experts[1]})")
-    from tuner.runners.megatron_worker.memory import MemoryMeter
+    from tuner.runners.megatron_worker.device_memory import MemoryMeter
 
     meter = MemoryMeter()
     meter.start()

@@ -11,7 +11,7 @@ NCCL algorithm, the allocator's next segment, another process on the GPU) come i
 PHASE_HEADROOM_GIB = {"generation": 2.0, "old_log_prob": 2.0, "update_actor": 3.8}
 """Headroom below the GPU's capacity that pruning keeps by default, per phase: a phase's device
 total + its headroom must fit (`phase_headroom_gib`). Fitted by scripts/memory_fit.py (output
-committed in scripts/memory_fit.out.txt; `tuner.fit.memory.fit_phase_headroom`: per phase,
+committed in scripts/memory_fit.out.txt; `tuner.fit.memory_fit.fit_phase_headroom`: per phase,
 `fit_memory` of the raw model over the rows whose predicted device total peaks in it) on the 37
 device-measured rows of results/ and the published runs of tests/data/anchors.
 

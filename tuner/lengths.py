@@ -21,10 +21,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tuner.workload import Workload
+from typing import Protocol
 
 DEFAULT_CLIP_FRACTION = 0.0
 """Extra share of responses truncated at the cap when the workload does not say. The capped
@@ -215,7 +212,26 @@ def _spread(out: list[int], order: list[int], diff: int, max_len: int) -> None:
             rest -= 1
 
 
-def step_lengths(workload: Workload, samples_prompts: int, seed: int) -> list[int]:
+class LengthSettings(Protocol):
+    """What the draws read of a workload (tuner.workload.Workload is one; it imports this
+    module, so this module names it only through this protocol): responses per prompt, the
+    prompt's and the response's cap and mean, tokens, and the share truncated at the cap."""
+
+    @property
+    def n(self) -> int: ...
+    @property
+    def prompt_len(self) -> int: ...
+    @property
+    def mean_prompt_len(self) -> float: ...
+    @property
+    def response_len(self) -> int: ...
+    @property
+    def mean_response_len(self) -> float: ...
+    @property
+    def clip_fraction(self) -> float: ...
+
+
+def step_lengths(workload: LengthSettings, samples_prompts: int, seed: int) -> list[int]:
     """Sample lengths (prompt + response) for `samples_prompts` prompts x n responses, from the
     workload's one response-length model (above); samples of a prompt are adjacent."""
     plens, rlens = prompt_and_response_lengths(workload, samples_prompts, seed)
@@ -223,7 +239,7 @@ def step_lengths(workload: Workload, samples_prompts: int, seed: int) -> list[in
 
 
 def prompt_and_response_lengths(
-    workload: Workload, prompts: int, seed: int
+    workload: LengthSettings, prompts: int, seed: int
 ) -> tuple[list[int], list[int]]:
     """The two draws behind `step_lengths`: a length for each of `prompts` prompts, and one for
     each of its n responses (a prompt's responses adjacent)."""

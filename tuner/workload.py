@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tuner.bounds import Bounds
 from tuner.errors import UserError
-
-if TYPE_CHECKING:
-    from tuner.lengths import ResponseLengths
+from tuner.lengths import DEFAULT_CLIP_FRACTION, ResponseLengths
 
 ALGORITHMS = ("grpo", "dapo", "ppo")
 
@@ -121,8 +119,6 @@ class Workload:
     @property
     def clip_fraction(self) -> float:
         """Share of responses truncated at the cap the length model assumes."""
-        from tuner.lengths import DEFAULT_CLIP_FRACTION
-
         if self.response_clip_fraction >= 0:
             return self.response_clip_fraction
         return DEFAULT_CLIP_FRACTION
@@ -131,8 +127,6 @@ class Workload:
     def response_lengths(self) -> ResponseLengths:
         """The response-length distribution of this workload (tuner.lengths): the one the cost
         model integrates and the measuring runners draw from."""
-        from tuner.lengths import ResponseLengths
-
         return ResponseLengths.of(self.mean_response_len, self.response_len, self.clip_fraction)
 
     @property

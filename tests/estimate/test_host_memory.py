@@ -21,8 +21,8 @@ from tuner.fit.validate import case_from_row
 from tuner.hardware import GIB, Cluster, get_gpu
 from tuner.models import get_model
 from tuner.results import read_raw
-from tuner.runners import make_runner
 from tuner.results.record import parse_extra
+from tuner.runners import make_runner
 from tuner.space import Candidate, ParallelLayout
 from tuner.workload import get_workload
 

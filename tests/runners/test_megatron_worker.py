@@ -25,7 +25,7 @@ from tuner.runners.megatron_worker import (
     spec_to_dict,
     write_json_atomic,
 )
-from tuner.runners.megatron_worker.memory import release_storages
+from tuner.runners.megatron_worker.device_memory import release_storages
 from tuner.runners.megatron_worker.pipeline import exchange_shapes, p2p_settings, steady_state_calls
 
 REPO = Path(__file__).resolve().parents[2]

@@ -95,10 +95,10 @@ class Estimate:
 
 
 def estimate(
-    c: Candidate,
-    m: ModelSpec,
-    cl: Cluster,
-    w: Workload,
+    candidate: Candidate,
+    model: ModelSpec,
+    cluster: Cluster,
+    workload: Workload,
     profile: Profile | None = None,
     *,
     headroom_gib: float | None = None,
@@ -106,7 +106,7 @@ def estimate(
     rollout_in_actor: bool = False,
     async_scheduling: bool = VLLM_ASYNC_SCHEDULING,
 ) -> Estimate:
-    """Predicted phase times, throughput, MFU and per-phase peak memory of candidate `c`; it fits
+    """Predicted phase times, throughput, MFU and per-phase peak memory of `candidate`; it fits
     when each phase's device total plus `headroom_gib` (default: the phase's own,
     device.phase_headroom_gib) is at most the GPU's memory, vLLM has room for one sequence and,
     where the cluster says how much a node has, the node's host memory holds what it keeps
@@ -116,47 +116,49 @@ def estimate(
     vLLM overlaps each decode step's host work with the GPU, as the installed vLLM 0.24.0 does
     by default and the vLLM of the reference leaderboards did not
     (generation.VLLM_ASYNC_SCHEDULING)."""
-    pool = pools(c.rollout_gpus, cl)
-    ctx = get_context(m, pool.trainer, w, profile or _DEFAULT_PROFILE)
-    mem = memory_of(ctx, c, verl_logits, rollout_in_actor=rollout_in_actor)
-    t = phase_times_of(ctx, c, verl_logits, async_scheduling)
-    step = t.step_s
+    pool = pools(candidate.rollout_gpus, cluster)
+    ctx = get_context(model, pool.trainer, workload, profile or _DEFAULT_PROFILE)
+    mem = memory_of(ctx, candidate, verl_logits, rollout_in_actor=rollout_in_actor)
+    times = phase_times_of(ctx, candidate, verl_logits, async_scheduling)
+    step = times.step_s
     train_gpus = pool.trainer.num_gpus
     if pool.split:  # vLLM on its own GPUs, one step off-policy: tuner/estimate/split.py
-        ctx_r = get_context(m, pool.rollout, w, profile or _DEFAULT_PROFILE)
-        t_r = phase_times_of(ctx_r, c, verl_logits, async_scheduling)
-        same_node = cl.num_nodes == 1
-        t = split_times(t, t_r, split_sync_s(ctx, ctx_r, c, same_node))
-        step = split_step_s(t) if t_r.step_s < float("inf") else float("inf")
-        mem = split_memory(ctx_r, c, mem)
-    gpus = cl.num_gpus
+        rollout_ctx = get_context(model, pool.rollout, workload, profile or _DEFAULT_PROFILE)
+        rollout_times = phase_times_of(rollout_ctx, candidate, verl_logits, async_scheduling)
+        same_node = cluster.num_nodes == 1
+        times = split_times(
+            times, rollout_times, split_sync_s(ctx, rollout_ctx, candidate, same_node)
+        )
+        step = split_step_s(times) if rollout_times.step_s < float("inf") else float("inf")
+        mem = split_memory(rollout_ctx, candidate, mem)
+    gpus = cluster.num_gpus
     peak = mem.peak_gib
-    capacity = cl.gpu.memory_gib
+    capacity = cluster.gpu.memory_gib
     device = mem.device_peak_gib
     phase = mem.device_peak_phase
     reason = phases_unfit(
-        {p: getattr(mem, f) for p, f in DEVICE_OF.items()}, capacity, headroom_gib
+        {name: getattr(mem, field) for name, field in DEVICE_OF.items()}, capacity, headroom_gib
     )
     if not reason and step == float("inf"):
         reason = (
             f"vLLM has {max(0.0, mem.kv_cache_gib):.1f} GiB for KV cache, less than one "
-            f"{w.max_seq_len}-token sequence: raise gpu_memory_utilization or rollout TP"
+            f"{workload.max_seq_len}-token sequence: raise gpu_memory_utilization or rollout TP"
         )
-    host = host_memory_gib(ctx, c, pool.trainer.local_gpus)
+    host = host_memory_gib(ctx, candidate, pool.trainer.local_gpus)
     if not reason:
-        offloads = c.param_offload or c.optimizer_offload
-        reason = host_unfit(host, cl.host_mem_gib, offloads)
+        offloads = candidate.param_offload or candidate.optimizer_offload
+        reason = host_unfit(host, cluster.host_mem_gib, offloads)
     finite = step < float("inf")
-    upd = t.update_actor_s
+    update_s = times.update_actor_s
     return Estimate(
-        **same_named(t, Estimate, skip=("bottleneck",)),  # the phase times
+        **same_named(times, Estimate, skip=("bottleneck",)),  # the phase times
         step_s=step,
         throughput_tokens_per_s_per_gpu=ctx.tokens_step / step / gpus if finite else 0.0,
-        mfu=t.update_flops / (train_gpus * ctx.peak * upd) if upd > 0 else 0.0,
+        mfu=times.update_flops / (train_gpus * ctx.peak * update_s) if update_s > 0 else 0.0,
         peak_mem_gib=peak,
         peak_phase=mem.peak_phase,
         fits=not reason,
-        bottleneck=t.bottleneck if finite else "memory",
+        bottleneck=times.bottleneck if finite else "memory",
         memory=mem,
         tokens_per_step=ctx.tokens_step,
         fit_reason=reason,

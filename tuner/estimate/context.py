@@ -127,70 +127,81 @@ class Context:
     generation_cache: dict[tuple[float, ...], object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        m, cl, w, p = self.model, self.cluster, self.workload, self.profile
-        self.layers, self.hidden = m.num_layers, m.hidden_size
-        self.heads, self.kv_heads, self.head_dim = m.num_attention_heads, m.num_kv_heads, m.head_dim
-        self.q_dim = m.num_attention_heads * m.head_dim
-        self.kv_dim = m.num_kv_heads * m.head_dim
-        self.ffn, self.vocab = m.ffn_hidden_size, m.vocab_size
-        self.experts, self.topk, self.moe_ffn = m.num_experts, m.moe_topk, m.moe_ffn_hidden_size
-        self.is_moe = m.is_moe
+        model, cluster, workload, profile = self.model, self.cluster, self.workload, self.profile
+        self.layers, self.hidden = model.num_layers, model.hidden_size
+        self.heads, self.kv_heads, self.head_dim = (
+            model.num_attention_heads,
+            model.num_kv_heads,
+            model.head_dim,
+        )
+        self.q_dim = model.num_attention_heads * model.head_dim
+        self.kv_dim = model.num_kv_heads * model.head_dim
+        self.ffn, self.vocab = model.ffn_hidden_size, model.vocab_size
+        self.experts, self.topk, self.moe_ffn = (
+            model.num_experts,
+            model.moe_topk,
+            model.moe_ffn_hidden_size,
+        )
+        self.is_moe = model.is_moe
         h = self.hidden
         self.attn_linear_params = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
-        self.shared_ffn, self.dense_layers = m.shared_expert_ffn_hidden_size, m.num_dense_mlp_layers
+        self.shared_ffn, self.dense_layers = (
+            model.shared_expert_ffn_hidden_size,
+            model.num_dense_mlp_layers,
+        )
         self.dense_mlp_params = (
-            m.num_dense_mlp_layers * m.dense_mlp_params_per_layer
-            + m.num_moe_layers * m.shared_expert_params_per_layer
+            model.num_dense_mlp_layers * model.dense_mlp_params_per_layer
+            + model.num_moe_layers * model.shared_expert_params_per_layer
         ) / self.layers
-        self.router_params = float(m.router_params_per_layer) if m.is_moe else 0.0
-        self.expert_params_layer = float(m.expert_params_per_layer)
-        self.one_expert_params = 3.0 * h * m.moe_ffn_hidden_size
-        self.embed_params = float(m.vocab_size * h)
-        self.head_params = 0.0 if m.tie_word_embeddings else float(m.vocab_size * h)
-        self.total_params = float(m.num_params)
-        self.expert_params_total = m.num_moe_layers * self.expert_params_layer
+        self.router_params = float(model.router_params_per_layer) if model.is_moe else 0.0
+        self.expert_params_layer = float(model.expert_params_per_layer)
+        self.one_expert_params = 3.0 * h * model.moe_ffn_hidden_size
+        self.embed_params = float(model.vocab_size * h)
+        self.head_params = 0.0 if model.tie_word_embeddings else float(model.vocab_size * h)
+        self.total_params = float(model.num_params)
+        self.expert_params_total = model.num_moe_layers * self.expert_params_layer
         # one formula for matmul weights and FLOPs: tuner.models (attention + active MLP)
-        self.layer_active_linear = float(m.layer_matmul_params)
+        self.layer_active_linear = float(model.layer_matmul_params)
         self.active_params = self.layers * self.layer_active_linear + self.embed_params
 
-        self.prompt_mean = w.mean_prompt_len
-        self.response_mean = w.mean_response_len
-        self.response_max = w.response_len
-        self.expert_imbalance = w.expert_imbalance
-        self.lengths = w.response_lengths
+        self.prompt_mean = workload.mean_prompt_len
+        self.response_mean = workload.mean_response_len
+        self.response_max = workload.response_len
+        self.expert_imbalance = workload.expert_imbalance
+        self.lengths = workload.response_lengths
         self.theta = self.lengths.theta
         e_r2 = self.lengths.second_moment()
-        pm, rm = self.prompt_mean, self.response_mean
-        self.seq_mean = pm + rm
-        e_s2 = pm * pm + 2 * pm * rm + e_r2
+        prompt_mean, response_mean = self.prompt_mean, self.response_mean
+        self.seq_mean = prompt_mean + response_mean
+        e_s2 = prompt_mean * prompt_mean + 2 * prompt_mean * response_mean + e_r2
         self.seq_sd = math.sqrt(max(0.0, e_s2 - self.seq_mean**2))
         self.seq_eff = e_s2 / self.seq_mean
-        self.max_seq = w.max_seq_len
-        self.samples = w.num_samples
+        self.max_seq = workload.max_seq_len
+        self.samples = workload.num_samples
         longest_response = self.lengths.longest_of(self.samples)
-        self.longest_sample = pm + longest_response
+        self.longest_sample = prompt_mean + longest_response
         self.tokens_step = self.samples * self.seq_mean
         # verl keeps the batch padded to (max prompt, max response): int64 ids, mask, positions
         # over the whole sequence, prompts, responses and the response mask; fp32 per-token
         # tensors (scores, log-probs, advantages) over the response.
-        b, lp, lr = self.samples, w.prompt_len, w.response_len
-        ids = 8.0 * b * (3 * (lp + lr) + lp + 2 * lr)
-        per_token = 4.0 * b * lr
+        samples, prompt_len, response_len = self.samples, workload.prompt_len, workload.response_len
+        ids = 8.0 * samples * (3 * (prompt_len + response_len) + prompt_len + 2 * response_len)
+        per_token = 4.0 * samples * response_len
         self.batch_bytes_generation = ids
         self.batch_bytes_log_prob = ids + per_token + 2 * per_token
         self.batch_bytes_update = ids + 4 * per_token
-        self.minis = w.mini_batches_per_step
-        self.uses_ref = w.algorithm in ("grpo", "ppo")
-        self.has_critic = w.algorithm == "ppo"
+        self.minis = workload.mini_batches_per_step
+        self.uses_ref = workload.algorithm in ("grpo", "ppo")
+        self.has_critic = workload.algorithm == "ppo"
 
-        g = cl.gpu
-        self.peak = g.bf16_tflops * 1e12
-        self.hbm = g.hbm_tb_s * 1e12 * p.hbm_efficiency
-        self.nvlink = g.nvlink_gb_s * 1e9 * p.comm_efficiency
-        self.internode = g.internode_gb_s * 1e9 * p.comm_efficiency
-        self.pcie = g.pcie_gb_s * 1e9 * p.pcie_efficiency
-        self.mem_bytes = g.memory_gib * GIB
-        self.local_gpus = cl.local_gpus
+        gpu = cluster.gpu
+        self.peak = gpu.bf16_tflops * 1e12
+        self.hbm = gpu.hbm_tb_s * 1e12 * profile.hbm_efficiency
+        self.nvlink = gpu.nvlink_gb_s * 1e9 * profile.comm_efficiency
+        self.internode = gpu.internode_gb_s * 1e9 * profile.comm_efficiency
+        self.pcie = gpu.pcie_gb_s * 1e9 * profile.pcie_efficiency
+        self.mem_bytes = gpu.memory_gib * GIB
+        self.local_gpus = cluster.local_gpus
 
     def forward_flops_per_token(self) -> float:
         """Model forward FLOPs of one token, attention over its sequence included (causal)."""
@@ -211,16 +222,20 @@ _LAST: list[object] = [None, None, None, None, None]
 _CACHE_LIMIT = 64
 
 
-def get_context(m: ModelSpec, cl: Cluster, w: Workload, p: Profile) -> Context:
+def get_context(
+    model: ModelSpec, cluster: Cluster, workload: Workload, profile: Profile
+) -> Context:
     """The cached Context of these four; identity check first, so a study's loop pays nothing."""
     last = _LAST
-    if last[0] is m and last[1] is cl and last[2] is w and last[3] is p:
+    if last[0] is model and last[1] is cluster and last[2] is workload and last[3] is profile:
         return last[4]  # type: ignore[return-value]
-    key = (m, cl, w, p)
+    key = (model, cluster, workload, profile)
     ctx = _CACHE.get(key)
     if ctx is None:
         if len(_CACHE) >= _CACHE_LIMIT:
             _CACHE.clear()
-        ctx = _CACHE[key] = Context(model=m, cluster=cl, workload=w, profile=p)
-    last[:] = [m, cl, w, p, ctx]
+        ctx = _CACHE[key] = Context(
+            model=model, cluster=cluster, workload=workload, profile=profile
+        )
+    last[:] = [model, cluster, workload, profile, ctx]
     return ctx

@@ -22,7 +22,7 @@ update_actor vLLM's worker sleeps beside the actor, both still holding theirs
 (`verl_training_outside_gib`).
 
 The headroom kept below the capacity depends on the phase (`PHASE_HEADROOM_GIB`, fitted by
-`tuner.fit.memory.fit_phase_headroom` on the committed leaderboards, scripts/memory_fit.py);
+`tuner.fit.memory_fit.fit_phase_headroom` on the committed leaderboards, scripts/memory_fit.py);
 what a study learns from its own trials is `tuner.fit.online.MemoryGuard`.
 """
 
@@ -69,7 +69,7 @@ initialize_model_parallel split a communicator at once (NCCL_DEBUG=INFO: 1 + 20
 ncclCommSplit at world 1, ~0.38 GiB each, kept to the end). The same trial on the same H100:
 8.89 GiB outside PyTorch eager (gpu_outside_probe.out.txt), 2.43 lazy, times and PyTorch peaks
 equal. Rows measured then (their extra has no `nccl_init=lazy`): results/small16k-h100-x1.csv
-8.88..8.96 GiB, dense8k/moe8k-h200-x2.csv 8.41..8.75 (world 2). tuner.fit.memory adds it to
+8.88..8.96 GiB, dense8k/moe8k-h200-x2.csv 8.41..8.75 (world 2). tuner.fit.memory_fit adds it to
 their prediction; nothing else does."""
 NCCL_INIT_KEY = "nccl_init"
 """The extra key of a megatron-runner row that says how its worker initialised NCCL."""
@@ -183,7 +183,7 @@ class Communicator:
     """P2P peers a rank connects to (all-to-all: size - 1; a pipeline: its neighbours)."""
 
 
-def communicators(lay: ParallelLayout, *, moe: bool, tied: bool) -> list[Communicator]:
+def communicators(layout: ParallelLayout, *, moe: bool, tied: bool) -> list[Communicator]:
     """The NCCL communicators (size > 1) one actor rank connects in a verl Megatron step.
 
     megatron-core 0.19 `parallel_state.initialize_model_parallel` creates ~20 NCCL groups, but
@@ -199,8 +199,8 @@ def communicators(lay: ParallelLayout, *, moe: bool, tied: bool) -> list[Communi
     collectives, the tied-embedding all-reduce over EMBEDDING_GROUP (finalize_model_grads.py), and
     torch's default group (verl's barriers and metrics). Megatron's rank order is tp-cp-ep-dp-pp
     (tp fastest), which gives each group's stride."""
-    tp, cp, pp, dp, ep, etp = lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp
-    world = lay.world
+    tp, cp, pp, dp, ep, etp = layout.tp, layout.cp, layout.pp, layout.dp, layout.ep, layout.etp
+    world = layout.world
     out: list[Communicator] = []
 
     def coll(name: str, size: int, stride: int) -> None:
@@ -221,11 +221,11 @@ def communicators(lay: ParallelLayout, *, moe: bool, tied: bool) -> list[Communi
     if tied:
         coll("EMBEDDING_GROUP", min(2, pp), world // pp)
     if moe:
-        edp = lay.expert_dp
+        expert_dp = layout.expert_dp
         p2p("EXPERT_MODEL_PARALLEL_GROUP", ep, etp, ep - 1)
         coll("EXPERT_TENSOR_PARALLEL_GROUP", etp, 1)
         coll("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", etp * ep, 1)
-        coll("EXPERT_DATA_PARALLEL_GROUP", edp, etp * ep)
+        coll("EXPERT_DATA_PARALLEL_GROUP", expert_dp, etp * ep)
     return out
 
 
@@ -251,10 +251,11 @@ def communicator_gib(comm: Communicator, local_gpus: int) -> float:
     return channels * NCCL_P2P_PEER_CHANNEL_MIB * MIB / GIB
 
 
-def nccl_gib(lay: ParallelLayout, cluster: Cluster, *, moe: bool, tied: bool) -> float:
+def nccl_gib(layout: ParallelLayout, cluster: Cluster, *, moe: bool, tied: bool) -> float:
     """NCCL buffers of one actor rank, GiB (the sum over `communicators`)."""
     return sum(
-        communicator_gib(c, cluster.local_gpus) for c in communicators(lay, moe=moe, tied=tied)
+        communicator_gib(comm, cluster.local_gpus)
+        for comm in communicators(layout, moe=moe, tied=tied)
     )
 
 
@@ -272,8 +273,8 @@ def vllm_outside_gib(rollout_tp: int, cluster: Cluster, *, asleep: bool = False)
 @functools.lru_cache(maxsize=64)
 def _vllm_tp_gib(rollout_tp: int, local_gpus: int) -> float:
     """vLLM's tensor-parallel communicator (cached: estimate() asks for it three times a call)."""
-    tp = Communicator(name="vLLM TP group", size=rollout_tp, stride=1)
-    return communicator_gib(tp, local_gpus)
+    group = Communicator(name="vLLM TP group", size=rollout_tp, stride=1)
+    return communicator_gib(group, local_gpus)
 
 
 def verl_training_outside_gib(rollout_tp: int, cluster: Cluster) -> float:
@@ -307,10 +308,10 @@ def phases_unfit(
     own `phase_headroom_gib`."""
     worst, why = 0.0, ""
     for phase, device in devices_gib.items():
-        h = phase_headroom_gib(phase) if headroom_gib is None else headroom_gib
-        over = device + h - capacity_gib
+        headroom = phase_headroom_gib(phase) if headroom_gib is None else headroom_gib
+        over = device + headroom - capacity_gib
         if over > worst:
-            worst, why = over, device_unfit(device, capacity_gib, h, phase)
+            worst, why = over, device_unfit(device, capacity_gib, headroom, phase)
     return why
 
 

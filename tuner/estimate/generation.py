@@ -145,9 +145,9 @@ def eager_ops(ctx: Context) -> int:
 
 def _decode_step_s(
     ctx: Context,
-    rtp: int,
-    rdp: int,
-    rep: int,
+    rollout_tp: int,
+    rollout_dp: int,
+    rollout_ep: int,
     batch: float,
     context_len: float,
     mode: int = EAGER,
@@ -182,61 +182,61 @@ def _decode_step_s(
     term is one number, not split by process, and the model keeps it whole on the launching
     chain: for a launch-bound step under MultiprocExecutor (verl's, the fast runner's above TP 1)
     an upper bound, by at most the engine core's part."""
-    p = ctx.profile
+    profile = ctx.profile
     rows = max(rows, batch)
     # an untied input embedding is looked up row by row, never streamed (only the output
     # layer's table is read whole); a tied table is counted once, as the output layer. What one
     # GPU holds of the rest: rollout_memory.rollout_params_per_gpu (kv heads replicated above
-    # rtp, MoE experts over the replica's tp * dp GPUs)
+    # rollout_tp, MoE experts over the replica's tp * dp GPUs)
     streamed = ctx.total_params - (ctx.embed_params if ctx.head_params else 0.0)
-    dense_p, expert_p = rollout_params_per_gpu(ctx, rtp, rdp, streamed)
+    dense_p, expert_p = rollout_params_per_gpu(ctx, rollout_tp, rollout_dp, streamed)
     dense_w, expert_w = dense_p * BF16, expert_p * BF16
-    group = rtp * rdp
+    group = rollout_tp * rollout_dp
     if ctx.is_moe:
-        touched = 1.0 - (1.0 - ctx.topk / ctx.experts) ** max(batch * rdp, 1.0)
+        touched = 1.0 - (1.0 - ctx.topk / ctx.experts) ** max(batch * rollout_dp, 1.0)
         expert_w *= touched
-    kv_heads_local = max(1.0, ctx.kv_heads / rtp)
+    kv_heads_local = max(1.0, ctx.kv_heads / rollout_tp)
     kv_token = 2 * ctx.layers * kv_heads_local * ctx.head_dim * BF16
     # the GEMMs (weights streamed or FLOPs, whichever is longer) and the attention kernels
     # (KV cache streamed) are separate kernels that run one after the other: their times add
-    rate = ctx.peak * p.gemm_efficiency
+    rate = ctx.peak * profile.gemm_efficiency
     linear = 2 * rows * (ctx.layers * ctx.layer_active_linear + ctx.head_or_embed())
-    gemm = max((dense_w + expert_w) / ctx.hbm, linear / rtp / rate)
+    gemm = max((dense_w + expert_w) / ctx.hbm, linear / rollout_tp / rate)
     attn_flops = 4 * batch * ctx.layers * ctx.q_dim * context_len
-    attn = max(batch * context_len * kv_token / ctx.hbm, attn_flops / rtp / rate)
+    attn = max(batch * context_len * kv_token / ctx.hbm, attn_flops / rollout_tp / rate)
     launch = 0.0
     if mode == FULL_GRAPH:
-        gpu = gemm + attn + p.decode_graph_replay_s
+        gpu = gemm + attn + profile.decode_graph_replay_s
     else:
         if mode == PIECEWISE_GRAPH:
             launch = ctx.layers * (
-                PIECEWISE_EAGER_KERNELS * p.decode_launch_s + p.decode_graph_replay_s
+                PIECEWISE_EAGER_KERNELS * profile.decode_launch_s + profile.decode_graph_replay_s
             )
         elif mode == EAGER:
-            launch = eager_ops(ctx) * p.eager_op_host_s
+            launch = eager_ops(ctx) * profile.eager_op_host_s
             if ctx.is_moe:  # router and experts as before: no eager MoE row measured
-                launch += ctx.layers * DECODE_KERNELS_MOE_EXTRA * p.decode_launch_s
+                launch += ctx.layers * DECODE_KERNELS_MOE_EXTRA * profile.decode_launch_s
         else:
             kernels = DECODE_KERNELS_DENSE_LAYER + (DECODE_KERNELS_MOE_EXTRA if ctx.is_moe else 0)
-            launch = ctx.layers * kernels * p.decode_launch_s
+            launch = ctx.layers * kernels * profile.decode_launch_s
         gpu = gemm + attn
     comm = 0.0
-    lat = p.collective_latency_s
-    if rtp > 1:
-        bw = bandwidth_between(ctx, rtp)
-        lat_tp = lat * (INTERNODE_LATENCY_FACTOR if rtp > ctx.local_gpus else 1.0)
-        per = rows * ctx.hidden * BF16 * 2 * (rtp - 1) / rtp / bw
+    lat = profile.collective_latency_s
+    if rollout_tp > 1:
+        bw = bandwidth_between(ctx, rollout_tp)
+        lat_tp = lat * (INTERNODE_LATENCY_FACTOR if rollout_tp > ctx.local_gpus else 1.0)
+        per = rows * ctx.hidden * BF16 * 2 * (rollout_tp - 1) / rollout_tp / bw
         comm = 2 * ctx.layers * (lat_tp + per)
-    if ctx.is_moe and rdp > 1:
+    if ctx.is_moe and rollout_dp > 1:
         bw = bandwidth_between(ctx, group)
         lat_g = lat * (INTERNODE_LATENCY_FACTOR if group > ctx.local_gpus else 1.0)
-        if rep > 1:  # all-to-all dispatch and combine of the routed tokens
+        if rollout_ep > 1:  # all-to-all dispatch and combine of the routed tokens
             vol = 2 * rows * ctx.topk * ctx.hidden * BF16 * (group - 1) / group
         else:  # experts tensor-parallel over tp*dp: gather the dp ranks' tokens, reduce back
-            vol = 2 * rows * rdp * ctx.hidden * BF16 * (group - 1) / group
+            vol = 2 * rows * rollout_dp * ctx.hidden * BF16 * (group - 1) / group
         comm += ctx.layers * (2 * lat_g + vol / bw)
     # the GPU runs each launched kernel as it comes, so it cannot run ahead of the launches
-    engine = p.decode_step_overhead_s + batch * p.decode_seq_overhead_s
+    engine = profile.decode_step_overhead_s + batch * profile.decode_seq_overhead_s
     if async_scheduling:
         return max(gpu + comm, launch + engine)
     return max(gpu, launch) + comm + engine
@@ -262,12 +262,12 @@ def _tail_end(n: float, survival: Any, cap: float) -> float:
 
 def generation(
     ctx: Context,
-    rtp: int,
-    rdp: int,
-    rep: int,
-    util: float,
-    mnbt: int,
-    mns: int,
+    rollout_tp: int,
+    rollout_dp: int,
+    rollout_ep: int,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
     kv_bytes: float,
     eager: bool = False,
     async_scheduling: bool = VLLM_ASYNC_SCHEDULING,
@@ -291,16 +291,25 @@ def generation(
     model op by op. Prefill itself is compute-bound and costed by its FLOPs either way.
     `async_scheduling`: whether the engine overlaps each step's host work with the GPU
     (VLLM_ASYNC_SCHEDULING, _decode_step_s)."""
-    key = (rtp, rdp, rep, util, mnbt, mns, eager, async_scheduling)
+    key = (
+        rollout_tp,
+        rollout_dp,
+        rollout_ep,
+        gpu_memory_utilization,
+        max_num_batched_tokens,
+        max_num_seqs,
+        eager,
+        async_scheduling,
+    )
     hit = ctx.generation_cache.get(key)
     if hit is not None:
         return hit  # type: ignore[return-value]
     lengths = ctx.lengths
     if lengths is None:  # set in Context.__post_init__
         raise RuntimeError("context without a response-length model")
-    schedulers = max(1, ctx.cluster.num_gpus // rtp)
+    schedulers = max(1, ctx.cluster.num_gpus // rollout_tp)
     share = ctx.samples / schedulers
-    kv_heads_local = max(1.0, ctx.kv_heads / rtp)
+    kv_heads_local = max(1.0, ctx.kv_heads / rollout_tp)
     kv_token = 2 * ctx.layers * kv_heads_local * ctx.head_dim * BF16
     kv_tokens = max(0.0, kv_bytes) / kv_token
     if kv_tokens < ctx.max_seq:
@@ -310,9 +319,11 @@ def generation(
     cap = float(ctx.response_max)
     prompt, mean = ctx.prompt_mean, ctx.response_mean
     res_mean = lengths.mean_residual()
-    conc = min(share, float(mns), float(mnbt), kv_tokens / (prompt + res_mean))
-    conc = max(conc, 1.0)
-    sizes = () if eager else cudagraph_capture_sizes(mns, mnbt)
+    concurrency = min(
+        share, float(max_num_seqs), float(max_num_batched_tokens), kv_tokens / (prompt + res_mean)
+    )
+    concurrency = max(concurrency, 1.0)
+    sizes = () if eager else cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens)
 
     def decode(batch: float, context_len: float) -> float:
         """A uniform decode step: the full graph of its padded size (piecewise graphs where the
@@ -320,57 +331,81 @@ def generation(
         compiled model beyond the largest capture size, eager with enforce_eager."""
         if not sizes:
             return _decode_step_s(
-                ctx, rtp, rdp, rep, batch, context_len, EAGER, async_scheduling=async_scheduling
+                ctx,
+                rollout_tp,
+                rollout_dp,
+                rollout_ep,
+                batch,
+                context_len,
+                EAGER,
+                async_scheduling=async_scheduling,
             )
         rows = padded_batch(batch, sizes)
-        mode = COMPILED if not rows else (FULL_GRAPH if rows <= mns else PIECEWISE_GRAPH)
-        return _decode_step_s(ctx, rtp, rdp, rep, batch, context_len, mode, rows, async_scheduling)
+        mode = COMPILED if not rows else (FULL_GRAPH if rows <= max_num_seqs else PIECEWISE_GRAPH)
+        return _decode_step_s(
+            ctx,
+            rollout_tp,
+            rollout_dp,
+            rollout_ep,
+            batch,
+            context_len,
+            mode,
+            rows,
+            async_scheduling,
+        )
 
     seconds = 0.0
-    if share > conc:
+    if share > concurrency:
         # busy phase: C in flight; the tokens left to the drain are C mean residuals
-        steps = max(0.0, (share * mean - conc * res_mean) / conc)
-        step = decode(conc, prompt + res_mean)
+        steps = max(0.0, (share * mean - concurrency * res_mean) / concurrency)
+        step = decode(concurrency, prompt + res_mean)
         if sizes:
             # C / mean sequences end per step (a renewal process); the step that admits their
             # successors prefills their prompts too: a mixed batch, on piecewise graphs when its
             # tokens fit the largest capture size, compiled without a graph otherwise
             # (cudagraph_dispatcher.py)
-            ended = conc / mean
+            ended = concurrency / mean
             mixed = 1.0 - math.exp(-ended)
-            tokens = conc + prompt * ended / mixed
+            tokens = concurrency + prompt * ended / mixed
             mode = PIECEWISE_GRAPH if padded_batch(tokens, sizes) else COMPILED
             mixed_step = _decode_step_s(
-                ctx, rtp, rdp, rep, conc, prompt + res_mean, mode, async_scheduling=async_scheduling
+                ctx,
+                rollout_tp,
+                rollout_dp,
+                rollout_ep,
+                concurrency,
+                prompt + res_mean,
+                mode,
+                async_scheduling=async_scheduling,
             )
             step = (1.0 - mixed) * step + mixed * mixed_step
         seconds += steps * step
-        surv: Any = lengths.residual_survival
-        end = _tail_end(conc * schedulers, surv, cap)
-        seg = end / DRAIN_SEGMENTS
+        survival: Any = lengths.residual_survival
+        end = _tail_end(concurrency * schedulers, survival, cap)
+        segment = end / DRAIN_SEGMENTS
         for i in range(DRAIN_SEGMENTS):
-            r = (i + 0.5) * seg
-            active = max(1.0, conc * surv(r))
+            r = (i + 0.5) * segment
+            active = max(1.0, concurrency * survival(r))
             # survivors r tokens into the drain: their age when the queue emptied is
             # conditioned on reaching r more tokens under the cap
-            ctx_len = prompt + min(cap, lengths.mean_age_alive(r) + r)
-            seconds += seg * decode(active, ctx_len)
+            context_tokens = prompt + min(cap, lengths.mean_age_alive(r) + r)
+            seconds += segment * decode(active, context_tokens)
     else:
-        surv = lengths.survival
-        end = _tail_end(share * schedulers, surv, cap)
-        seg = end / DRAIN_SEGMENTS
+        survival = lengths.survival
+        end = _tail_end(share * schedulers, survival, cap)
+        segment = end / DRAIN_SEGMENTS
         for i in range(DRAIN_SEGMENTS):
-            t = (i + 0.5) * seg
-            active = max(1.0, share * surv(t))
-            seconds += seg * decode(active, prompt + t)
+            t = (i + 0.5) * segment
+            active = max(1.0, share * survival(t))
+            seconds += segment * decode(active, prompt + t)
     # prefill of the engine's prompts (chunked into the decode steps, compute-bound); vLLM
     # computes logits only at each prompt's last position (the one it samples from)
-    p = ctx.profile
+    profile = ctx.profile
     prefill_flops = share * (
         prompt * (2 * ctx.layers * ctx.layer_active_linear + 2 * ctx.layers * ctx.q_dim * prompt)
         + 2 * ctx.head_or_embed()
     )
-    seconds += prefill_flops / rtp / (ctx.peak * p.gemm_efficiency)
-    gen = Generation(seconds, conc, kv_tokens)
+    seconds += prefill_flops / rollout_tp / (ctx.peak * profile.gemm_efficiency)
+    gen = Generation(seconds, concurrency, kv_tokens)
     ctx.generation_cache[key] = gen
     return gen

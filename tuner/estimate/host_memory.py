@@ -44,23 +44,23 @@ RAY_KILL_FRACTION = 0.95
 threshold of 128391135232B (95.0% of 135148564480B limit)")."""
 
 
-def offloaded_bytes(ctx: Context, c: Candidate) -> float:
+def offloaded_bytes(ctx: Context, candidate: Candidate) -> float:
     """Bytes one trainer GPU (its heaviest pipeline stage) keeps on the host."""
-    lay = c.layout
-    dense, expert = params_local(ctx, lay)
+    layout = candidate.layout
+    dense, expert = params_local(ctx, layout)
     weights = (dense + expert) * BF16
     out = 0.0
-    if c.param_offload:
+    if candidate.param_offload:
         out += weights * (2 if ctx.uses_ref else 1)
-    if c.optimizer_offload:
-        out += OPTIMIZER_BYTES * (dense / (lay.dp * lay.cp) + expert / lay.expert_dp)
+    if candidate.optimizer_offload:
+        out += OPTIMIZER_BYTES * (dense / (layout.dp * layout.cp) + expert / layout.expert_dp)
     return out
 
 
-def host_memory_gib(ctx: Context, c: Candidate, trainer_gpus: int) -> float:
+def host_memory_gib(ctx: Context, candidate: Candidate, trainer_gpus: int) -> float:
     """Predicted host memory of one node whose `trainer_gpus` GPUs run the actor, in GiB."""
     model = ctx.total_params * BF16 / GIB
-    offloaded = offloaded_bytes(ctx, c) * trainer_gpus / GIB
+    offloaded = offloaded_bytes(ctx, candidate) * trainer_gpus / GIB
     return HOST_BASE_GIB + HOST_PER_MODEL_GIB * model + HOST_PER_OFFLOADED_GIB * offloaded
 
 

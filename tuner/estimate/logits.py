@@ -93,16 +93,16 @@ DEFAULT_VERL = VERL
 
 def traffic_bytes(phase: str, verl: str = DEFAULT_VERL) -> int:
     """HBM bytes a phase moves per logit, beyond the output GEMM's own bf16 write."""
-    return sum(p.read + p.write for p in VERL_PASSES[verl][phase])
+    return sum(logit_pass.read + logit_pass.write for logit_pass in VERL_PASSES[verl][phase])
 
 
 def held_bytes(phase: str, verl: str = DEFAULT_VERL) -> int:
     """The most bytes per logit a phase holds at once (the bf16 GEMM output on entry)."""
     live = peak = BF16
-    for p in VERL_PASSES[verl][phase]:
-        live += p.alloc
+    for logit_pass in VERL_PASSES[verl][phase]:
+        live += logit_pass.alloc
         peak = max(peak, live)
-        live -= p.free
+        live -= logit_pass.free
     return peak
 
 

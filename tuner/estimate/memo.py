@@ -85,22 +85,23 @@ class _Leaf:
     value: object
 
 
-def memoized(cache: dict[Any, Any], name: Hashable, c: C, compute: Callable[[C], T]) -> T:
-    """`compute(c)`, looked up in `cache` (under `name`: the term and any argument besides the
-    candidate) by the values of the fields `compute` reads of `c`; computed on a `Reading` of
-    `c` and stored where not found. `compute` must depend on nothing else that varies within
-    the cache's life (the cache is the context's: one model, cluster, workload and profile)."""
+def memoized(cache: dict[Any, Any], name: Hashable, candidate: C, compute: Callable[[C], T]) -> T:
+    """`compute(candidate)`, looked up in `cache` (under `name`: the term and any argument
+    besides the candidate) by the values of the fields `compute` reads of `candidate`; computed
+    on a `Reading` of it and stored where not found. `compute` must depend on nothing else that
+    varies within the cache's life (the cache is the context's: one model, cluster, workload
+    and profile)."""
     root = cache.get(name)
     node: _Node | _Leaf | None = root
     parent: _Node | None = None
     value: Hashable = None
     while isinstance(node, _Node):
-        parent, value = node, read_path(c, node.path)
+        parent, value = node, read_path(candidate, node.path)
         node = node.branches.get(value)
     if isinstance(node, _Leaf):
         return cast(T, node.value)
     log: list[tuple[str, Hashable]] = []
-    out = compute(cast(C, Reading(c, log)))
+    out = compute(cast(C, Reading(candidate, log)))
     leaf = _Leaf(out)
     if parent is None:
         cache[name] = _grow(log, 0, leaf)

@@ -169,10 +169,10 @@ class MemoryBreakdown:
         )
 
 
-def _largest(g: float, lp: float, u: float) -> str:
-    if g >= lp and g >= u:
+def _largest(generation: float, log_prob: float, update: float) -> str:
+    if generation >= log_prob and generation >= update:
         return "generation"
-    return "old_log_prob" if lp >= u else "update_actor"
+    return "old_log_prob" if log_prob >= update else "update_actor"
 
 
 DEVICE_OF = {
@@ -194,54 +194,62 @@ ALLOCATED_OF = {
 # --------------------------------------------------------------------------------------------
 
 
-def params_per_gpu(m: ModelSpec, c: Candidate) -> tuple[float, float]:
+def params_per_gpu(model: ModelSpec, candidate: Candidate) -> tuple[float, float]:
     """(dense parameters, expert parameters) on one GPU of the heaviest pipeline stage.
 
     Dense weights (attention, dense MLP, router, norms, embedding) split over TP; with PP each
     stage holds L/PP layers and the first/last stage one vocabulary table. Expert weights split
     over PP, EP and expert-TP."""
-    return params_local(get_context(m, _ANY_CLUSTER, _ANY_WORKLOAD, _DEFAULT), c.layout)
+    return params_local(get_context(model, _ANY_CLUSTER, _ANY_WORKLOAD, _DEFAULT), candidate.layout)
 
 
-def params_local(ctx: Context, lay: ParallelLayout) -> tuple[float, float]:
+def params_local(ctx: Context, layout: ParallelLayout) -> tuple[float, float]:
     expert_total = ctx.expert_params_total
     dense_total = ctx.total_params - expert_total
-    if lay.pp == 1:
-        dense = dense_total / lay.tp
+    if layout.pp == 1:
+        dense = dense_total / layout.tp
     else:
         tables = ctx.embed_params + ctx.head_params
-        dense = ((dense_total - tables) / lay.pp + ctx.embed_params) / lay.tp
-    expert = expert_total / (lay.pp * lay.ep * lay.etp)
+        dense = ((dense_total - tables) / layout.pp + ctx.embed_params) / layout.tp
+    expert = expert_total / (layout.pp * layout.ep * layout.etp)
     return dense, expert
 
 
-def activation_bytes_per_token_layer(m: ModelSpec, c: Candidate) -> float:
+def activation_bytes_per_token_layer(model: ModelSpec, candidate: Candidate) -> float:
     """Bytes one token keeps for the backward pass in one layer, no recompute (flash attention:
     no s^2 term; Korthikanti et al. 2022 adapted to GQA, SwiGLU and MoE)."""
-    ctx = get_context(m, _ANY_CLUSTER, _ANY_WORKLOAD, _DEFAULT)
+    ctx = get_context(model, _ANY_CLUSTER, _ANY_WORKLOAD, _DEFAULT)
     return _act_per_token_layer(
         ctx,
-        c.layout,
-        c.sequence_parallel,
-        _selective_modules(c),
-        fused_swiglu=c.bias_activation_fusion,
-        local_norm=local_norms(c),
+        candidate.layout,
+        candidate.sequence_parallel,
+        _selective_modules(candidate),
+        fused_swiglu=candidate.bias_activation_fusion,
+        local_norm=local_norms(candidate),
     )
 
 
-def _selective_modules(c: Candidate) -> frozenset[str]:
+def _selective_modules(candidate: Candidate) -> frozenset[str]:
     """The modules selective recompute recomputes (none for the other granularities: full
     recompute is applied per layer by _stored_and_working)."""
-    return frozenset(modules_of(c)) if c.recompute_granularity == "selective" else frozenset()
+    return (
+        frozenset(modules_of(candidate))
+        if candidate.recompute_granularity == "selective"
+        else frozenset()
+    )
 
 
-def local_norms(c: Candidate) -> bool:
+def local_norms(candidate: Candidate) -> bool:
     """The candidate runs megatron-core's local spec, without transformer-engine / apex
     kernels (its RMSNorms are torch.nn.RMSNorm): the megatron-core runner's local layers turn
     off every fusion that needs them (tuner/runners/megatron.py MEGATRON_PINNED), verl's
     defaults keep them on. What its process holds outside PyTorch is the runner's, not the
     layers' (runner_memory.memory_view `process_gib`)."""
-    return not (c.bias_activation_fusion or c.apply_rope_fusion or c.gradient_accumulation_fusion)
+    return not (
+        candidate.bias_activation_fusion
+        or candidate.apply_rope_fusion
+        or candidate.gradient_accumulation_fusion
+    )
 
 
 def separate_norms(is_moe: bool, local_norm: bool) -> int:
@@ -257,8 +265,8 @@ def separate_norms(is_moe: bool, local_norm: bool) -> int:
 
 def _act_per_token_layer(
     ctx: Context,
-    lay: ParallelLayout,
-    sp: bool,
+    layout: ParallelLayout,
+    sequence_parallel: bool,
     recomputed: frozenset[str] = frozenset(),
     *,
     fused_swiglu: bool = True,
@@ -291,8 +299,8 @@ def _act_per_token_layer(
     - mlp also applies to a MoE's leading dense layers (ModelSpec.num_dense_layers).
     mla_up_proj and gdn_norm_out free nothing here: ModelSpec has no multi-latent attention
     or gated delta net."""
-    t = lay.tp
-    sp_div = t if sp else 1
+    tp = layout.tp
+    sp_div = tp if sequence_parallel else 1
     h, q, kv = ctx.hidden, ctx.q_dim, ctx.kv_dim
     # the two norm inputs and the two norm outputs (QKV and MLP inputs), residual width,
     # sequence-sharded under SP
@@ -301,21 +309,21 @@ def _act_per_token_layer(
     width = 2 * h * BF16 / sp_div + 2 * (norm_out + norm_extra)
     if "layernorm" in recomputed:
         width -= separate_norms(ctx.is_moe, local_norm) * (norm_out + norm_extra)
-    qkv = (q + 2 * kv) * BF16 / t
-    core_out = q * BF16 / t + ctx.heads * FP32 / t  # attention output and softmax stats
+    qkv = (q + 2 * kv) * BF16 / tp
+    core_out = q * BF16 / tp + ctx.heads * FP32 / tp  # attention output and softmax stats
     if "core_attn" in recomputed:
         core_out = 0.0  # the attention core is recomputed from Q, K, V
     swiglu = 3 if fused_swiglu else 3 + UNFUSED_SWIGLU_EXTRA
-    dense = 0.0 if "mlp" in recomputed else swiglu * ctx.ffn * BF16 / t
+    dense = 0.0 if "mlp" in recomputed else swiglu * ctx.ffn * BF16 / tp
     if not ctx.is_moe:
         return width + qkv + core_out + dense
-    routed = ctx.topk * lay.etp / sp_div if sp else ctx.topk
-    f = ctx.moe_ffn / lay.etp
+    routed = ctx.topk * layout.etp / sp_div if sequence_parallel else ctx.topk
+    f = ctx.moe_ffn / layout.etp
     # moe_act keeps fc1's output (2 ffn wide) of the activation's tensors
     per_routed = 2 * h + (2 if "moe_act" in recomputed else swiglu) * f
     moe = routed * per_routed * BF16 + 2 * ctx.experts * FP32 / sp_div
     if "shared_experts" not in recomputed:
-        moe += swiglu * ctx.shared_ffn * BF16 / t  # a TP-split MLP beside the routed experts
+        moe += swiglu * ctx.shared_ffn * BF16 / tp  # a TP-split MLP beside the routed experts
     if "moe" in recomputed:
         moe = 0.0  # the shared experts run inside the MoE layer's checkpoint too
     # the leading dense layers (DeepSeek's first_k_dense_replace), as a mean over the layers
@@ -323,44 +331,44 @@ def _act_per_token_layer(
     return width + qkv + core_out + mlp
 
 
-def in_flight_micro_batches(lay: ParallelLayout, n_micro: float) -> float:
+def in_flight_micro_batches(layout: ParallelLayout, n_micro: float) -> float:
     """Micro-batches whose activations the first pipeline stage holds at once (1F1B: pp of them;
     interleaved: (1 + (pp-1)/(pp*vpp)) times that; never more than there are)."""
-    if lay.pp == 1:
+    if layout.pp == 1:
         return 1.0
-    base = min(float(lay.pp), max(1.0, n_micro))
-    if lay.vpp > 1:
-        base *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
+    base = min(float(layout.pp), max(1.0, n_micro))
+    if layout.vpp > 1:
+        base *= 1 + (layout.pp - 1) / (layout.pp * layout.vpp)
     return base
 
 
 def kept_activation_bytes(
-    ctx: Context, c: Candidate, tokens: float, per_layer: float, layers_stage: float
+    ctx: Context, candidate: Candidate, tokens: float, per_layer: float, layers_stage: float
 ) -> float:
     """Activations of one micro-batch on one stage, recompute applied (what it stores plus the
     recompute working set)."""
-    stored, working = _stored_and_working(ctx, c, tokens, per_layer, layers_stage)
+    stored, working = _stored_and_working(ctx, candidate, tokens, per_layer, layers_stage)
     return stored + working
 
 
 def _stored_and_working(
-    ctx: Context, c: Candidate, tokens: float, per_layer: float, layers_stage: float
+    ctx: Context, candidate: Candidate, tokens: float, per_layer: float, layers_stage: float
 ) -> tuple[float, float]:
     """(bytes one micro-batch keeps between its forward and backward, bytes of the layers being
     recomputed in its backward). Every micro-batch in flight keeps the first; only the one in
     backward holds the second, so a pipeline multiplies the first alone."""
-    lay = c.layout
-    if c.recompute_granularity != "full":
+    layout = candidate.layout
+    if candidate.recompute_granularity != "full":
         return tokens * per_layer * layers_stage, 0.0
-    layer_input = ctx.hidden * BF16 / (lay.tp if c.sequence_parallel else 1)
-    r = max(1, min(c.recompute_num_layers, int(layers_stage) or 1))
-    chunk_layers = layers_stage / (lay.vpp if lay.vpp > 1 else 1)
-    if c.recompute_method == "block":
-        recomputed = min(r, chunk_layers) * (lay.vpp if lay.vpp > 1 else 1)
+    layer_input = ctx.hidden * BF16 / (layout.tp if candidate.sequence_parallel else 1)
+    recompute_layers = max(1, min(candidate.recompute_num_layers, int(layers_stage) or 1))
+    chunk_layers = layers_stage / (layout.vpp if layout.vpp > 1 else 1)
+    if candidate.recompute_method == "block":
+        recomputed = min(recompute_layers, chunk_layers) * (layout.vpp if layout.vpp > 1 else 1)
         stored = (layers_stage - recomputed) * per_layer + recomputed * layer_input
         return tokens * stored, tokens * per_layer
-    chunks = math.ceil(chunk_layers / r) * (lay.vpp if lay.vpp > 1 else 1)
-    return tokens * chunks * layer_input, tokens * r * per_layer
+    chunks = math.ceil(chunk_layers / recompute_layers) * (layout.vpp if layout.vpp > 1 else 1)
+    return tokens * chunks * layer_input, tokens * recompute_layers * per_layer
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,12 +378,12 @@ def _stored_and_working(
 
 def memory_of(
     ctx: Context,
-    c: Candidate,
+    candidate: Candidate,
     verl_logits: str = DEFAULT_VERL,
     *,
     rollout_in_actor: bool = False,
 ) -> MemoryBreakdown:
-    """The per-phase peaks of candidate `c`: the largest micro-batch of each pass and, under
+    """The per-phase peaks of `candidate`: the largest micro-batch of each pass and, under
     pipeline parallelism, how many of the update's are in flight, from the micro-batch model
     (estimate/micro_batches.py, which the time model reads too); `verl_logits`: the verl
     release whose full-logits passes are counted (estimate/logits.py). Generation is verl
@@ -384,137 +392,142 @@ def memory_of(
     published reference runs: workers/rollout/vllm_rollout/vllm_rollout_spmd.py,
     distributed_executor_backend "external_launcher"), whose generation is its tensors +
     CUDA_CONTEXT_GIB + NCCL."""
-    lay = c.layout
-    dense, expert = params_local(ctx, lay)
+    layout = candidate.layout
+    dense, expert = params_local(ctx, layout)
     n_local = dense + expert
     weights = n_local * BF16
     grads = n_local * FP32
-    edp = lay.expert_dp
-    optim = OPTIMIZER_BYTES * (dense / (lay.dp * lay.cp) + expert / edp)
+    expert_dp = layout.expert_dp
+    optim = OPTIMIZER_BYTES * (dense / (layout.dp * layout.cp) + expert / expert_dp)
 
-    layers_stage = ctx.layers / lay.pp
+    layers_stage = ctx.layers / layout.pp
     per_layer = _act_per_token_layer(
         ctx,
-        lay,
-        c.sequence_parallel,
-        _selective_modules(c),
-        fused_swiglu=c.bias_activation_fusion,
-        local_norm=local_norms(c),
+        layout,
+        candidate.sequence_parallel,
+        _selective_modules(candidate),
+        fused_swiglu=candidate.bias_activation_fusion,
+        local_norm=local_norms(candidate),
     )
-    upd_batches = micro_batches(ctx, c, log_prob=False)
+    upd_batches = micro_batches(ctx, candidate, log_prob=False)
     tokens = upd_batches.peak_tokens
-    in_flight = in_flight_micro_batches(lay, float(upd_batches.count))
-    stored, working = _stored_and_working(ctx, c, tokens, per_layer, layers_stage)
+    in_flight = in_flight_micro_batches(layout, float(upd_batches.count))
+    stored, working = _stored_and_working(ctx, candidate, tokens, per_layer, layers_stage)
     acts = stored * in_flight + working
-    vocab_local = ctx.vocab / lay.tp
+    vocab_local = ctx.vocab / layout.tp
     # without fused kernels: the full logits verl's passes hold at once (estimate/logits.py);
     # the log-prob phase's peak is old_log_prob's (it computes the entropy, the ref pass not)
     held = LOGIT_HELD_BYTES[verl_logits]
     logits_upd = tokens * vocab_local * held["update_actor"]
-    lp_tokens = micro_batches(ctx, c, log_prob=True).peak_tokens
+    lp_tokens = micro_batches(ctx, candidate, log_prob=True).peak_tokens
     logits_lp = lp_tokens * vocab_local * held["old_log_prob"]
-    if c.use_fused_kernels:
+    if candidate.use_fused_kernels:
         head = vocab_local * ctx.hidden  # the output layer's weight on this rank
         logits_upd = (
             min(tokens, FUSED_CHUNK_TOKENS) * vocab_local * FUSED_CHUNK_BWD_BYTES
             + head * FUSED_WEIGHT_GRAD_BYTES
         )
         logits_lp = min(lp_tokens, FUSED_CHUNK_TOKENS) * vocab_local * FUSED_CHUNK_FWD_BYTES
-    sp_div = lay.tp if c.sequence_parallel else 1
+    sp_div = layout.tp if candidate.sequence_parallel else 1
     # forward-only transients: the residual stream plus one layer's intermediates
     lp_acts = lp_tokens * (2 * ctx.hidden * BF16 / sp_div + per_layer)
     dispatch = 0.0
     if ctx.is_moe:
-        routed = ctx.topk * (lay.etp / sp_div if c.sequence_parallel else 1)
+        routed = ctx.topk * (layout.etp / sp_div if candidate.sequence_parallel else 1)
         dispatch = 2 * routed * ctx.hidden * BF16  # send and receive buffers, per token
         dispatch_upd, dispatch_lp = tokens * dispatch, lp_tokens * dispatch
     else:
         dispatch_upd = dispatch_lp = 0.0
 
-    ws = WORKSPACE_GIB * GIB
-    ref_w = weights if (ctx.uses_ref and not c.param_offload) else 0.0
+    workspace = WORKSPACE_GIB * GIB
+    ref_weights = weights if (ctx.uses_ref and not candidate.param_offload) else 0.0
     resident = (
-        (0.0 if c.param_offload else weights)
-        + (0.0 if c.param_offload else grads)
-        + (0.0 if c.optimizer_offload else optim)
+        (0.0 if candidate.param_offload else weights)
+        + (0.0 if candidate.param_offload else grads)
+        + (0.0 if candidate.optimizer_offload else optim)
     )
     critic = resident if ctx.has_critic else 0.0  # the critic shares the actor's layout
-    rollout = c.gpu_memory_utilization * ctx.mem_bytes
-    gen_peak = rollout + resident + critic + ref_w + ws
+    rollout = candidate.gpu_memory_utilization * ctx.mem_bytes
+    gen_peak = rollout + resident + critic + ref_weights + workspace
     states_lp = (
-        weights + (0.0 if c.param_offload else grads) + (0.0 if c.optimizer_offload else optim)
+        weights
+        + (0.0 if candidate.param_offload else grads)
+        + (0.0 if candidate.optimizer_offload else optim)
     )
     lp_transient = lp_acts + logits_lp + dispatch_lp
-    lp_peak = states_lp + critic + ref_w + lp_transient + ws
+    lp_peak = states_lp + critic + ref_weights + lp_transient + workspace
     # the optimizer step runs after the micro-batches' transients are freed; its own transient
     # is the largest shard's Adam temporary (memory: ADAM_STEP_TEMP_BYTES)
-    step_temp = ADAM_STEP_TEMP_BYTES * max(dense / (lay.dp * lay.cp), expert / edp)
+    step_temp = ADAM_STEP_TEMP_BYTES * max(dense / (layout.dp * layout.cp), expert / expert_dp)
     # the backward starts at the output layer (its logits / fused-chunk transient on top of
     # the stored activations), then walks the layers: the one in backward holds its
     # recomputed working set plus the gradients of its activations (BACKWARD_LAYER_GRADS)
     layer_grads = BACKWARD_LAYER_GRADS * tokens * per_layer
     backward = max(working + layer_grads, logits_upd)
     upd_transient = max(stored * in_flight + backward + dispatch_upd, step_temp)
-    upd_peak = weights + grads + optim + critic + ref_w + upd_transient + ws
-    kv = kv_cache_bytes(ctx, c)
-    g = GIB
+    upd_peak = weights + grads + optim + critic + ref_weights + upd_transient + workspace
+    kv_cache = kv_cache_bytes(ctx, candidate)
     # verl's processes; in the training phases the megatron runner's view puts its worker's
     # in their place (runner_memory.memory_view `process_gib`), generation stays verl's whatever
     # layers the worker builds (verl4k-h100-x1 trial 1 ran it at 72.6 GiB in real verl)
-    nccl = _nccl_of(ctx, lay)
+    nccl = _nccl_of(ctx, layout)
     outside = CUDA_CONTEXT_GIB + nccl
-    slack_lp = slack_gib(lp_transient / g)
-    slack_upd = slack_gib(upd_transient / g)
-    one_process = gen_peak / g + outside
+    slack_lp = slack_gib(lp_transient / GIB)
+    slack_upd = slack_gib(upd_transient / GIB)
+    one_process = gen_peak / GIB + outside
     rollout_dev = sync_dev = one_process
     training = 0.0  # verl 0.9.1's vLLM worker sleeps beside the actor in the training phases
     if not rollout_in_actor:
-        rollout_dev, sync_dev = verl_generation_gib(ctx, c, gen_peak - rollout, weights, nccl)
-        training = verl_training_outside_gib(c.rollout_tp, ctx.cluster)
+        rollout_dev, sync_dev = verl_generation_gib(
+            ctx, candidate, gen_peak - rollout, weights, nccl
+        )
+        training = verl_training_outside_gib(candidate.rollout_tp, ctx.cluster)
     gen_device = max(rollout_dev, sync_dev)
     return MemoryBreakdown(
-        weights_gib=weights / g,
-        grads_gib=grads / g,
-        optimizer_gib=optim / g,
-        activations_gib=acts / g,
-        logits_gib=max(logits_upd, logits_lp) / g,
-        rollout_gib=rollout / g,
+        weights_gib=weights / GIB,
+        grads_gib=grads / GIB,
+        optimizer_gib=optim / GIB,
+        activations_gib=acts / GIB,
+        logits_gib=max(logits_upd, logits_lp) / GIB,
+        rollout_gib=rollout / GIB,
         overhead_gib=outside,
-        generation_peak_gib=gen_peak / g,
-        log_prob_peak_gib=lp_peak / g,
-        update_peak_gib=upd_peak / g,
-        kv_cache_gib=kv / g,
-        dispatch_gib=dispatch_upd / g,
-        reference_gib=ref_w / g,
+        generation_peak_gib=gen_peak / GIB,
+        log_prob_peak_gib=lp_peak / GIB,
+        update_peak_gib=upd_peak / GIB,
+        kv_cache_gib=kv_cache / GIB,
+        dispatch_gib=dispatch_upd / GIB,
+        reference_gib=ref_weights / GIB,
         workspace_gib=WORKSPACE_GIB,
         cuda_context_gib=CUDA_CONTEXT_GIB,
         nccl_gib=nccl,
-        update_transient_gib=upd_transient / g,
+        update_transient_gib=upd_transient / GIB,
         slack_gib=slack_upd,
         log_prob_slack_gib=slack_lp,
         generation_device_gib=gen_device,
         rollout_process_gib=gen_device - one_process,
         weight_sync_device_gib=0.0 if rollout_in_actor else sync_dev,
         training_process_gib=training,
-        log_prob_device_gib=lp_peak / g + slack_lp + outside + training,
-        update_device_gib=upd_peak / g + slack_upd + outside + training,
+        log_prob_device_gib=lp_peak / GIB + slack_lp + outside + training,
+        update_device_gib=upd_peak / GIB + slack_upd + outside + training,
     )
 
 
-def _nccl_of(ctx: Context, lay: ParallelLayout) -> float:
+def _nccl_of(ctx: Context, layout: ParallelLayout) -> float:
     """NCCL buffers of this layout (cached per layout in the context)."""
-    key = ("nccl", lay)
-    v = ctx.layout_cache.get(key)
-    if v is None:
-        v = ctx.layout_cache[key] = nccl_gib(
-            lay, ctx.cluster, moe=ctx.is_moe, tied=ctx.model.tie_word_embeddings
+    key = ("nccl", layout)
+    nccl = ctx.layout_cache.get(key)
+    if nccl is None:
+        nccl = ctx.layout_cache[key] = nccl_gib(
+            layout, ctx.cluster, moe=ctx.is_moe, tied=ctx.model.tie_word_embeddings
         )
-    return float(v)  # type: ignore[arg-type]
+    return float(nccl)  # type: ignore[arg-type]
 
 
-def memory(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload, p: Profile) -> MemoryBreakdown:
-    """Per-phase peak memory of one GPU for candidate `c`."""
-    return memory_of(get_context(m, cl, w, p), c)
+def memory(
+    candidate: Candidate, model: ModelSpec, cluster: Cluster, workload: Workload, profile: Profile
+) -> MemoryBreakdown:
+    """Per-phase peak memory of one GPU for `candidate`."""
+    return memory_of(get_context(model, cluster, workload, profile), candidate)
 
 
 # Model-only helpers need a context; these stand in for the parts a formula does not read.

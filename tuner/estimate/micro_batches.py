@@ -49,25 +49,33 @@ class MicroBatches:
 
 
 def micro_batch_count(
-    c: Candidate, log_prob: bool, share_tokens: float, share_samples: float, multiple: int
+    candidate: Candidate, log_prob: bool, share_tokens: float, share_samples: float, multiple: int
 ) -> int:
     """Micro-batches verl cuts a rank's share of `share_tokens` tokens (dynamic batching: over
     the token budget times cp) or of `share_samples` samples (fixed: over the micro-batch size)
     into: at least one, rounded up to a multiple of `multiple` (pp under interleaving)."""
-    cp = c.layout.cp
-    if c.use_dynamic_bsz:
-        budget = c.log_prob_max_token_len_per_gpu if log_prob else c.ppo_max_token_len_per_gpu
-        n = math.ceil(share_tokens / (max(1, budget) * cp))
+    cp = candidate.layout.cp
+    if candidate.use_dynamic_bsz:
+        budget = (
+            candidate.log_prob_max_token_len_per_gpu
+            if log_prob
+            else candidate.ppo_max_token_len_per_gpu
+        )
+        count = math.ceil(share_tokens / (max(1, budget) * cp))
     else:
-        mbs = c.log_prob_micro_batch_size_per_gpu if log_prob else c.ppo_micro_batch_size_per_gpu
-        n = math.ceil(share_samples / max(1, mbs))
-    n = max(1, n)
-    if n % multiple:
-        n += multiple - n % multiple
-    return n
+        micro_batch_size = (
+            candidate.log_prob_micro_batch_size_per_gpu
+            if log_prob
+            else candidate.ppo_micro_batch_size_per_gpu
+        )
+        count = math.ceil(share_samples / max(1, micro_batch_size))
+    count = max(1, count)
+    if count % multiple:
+        count += multiple - count % multiple
+    return count
 
 
-def micro_batches(ctx: Context, c: Candidate, log_prob: bool) -> MicroBatches:
+def micro_batches(ctx: Context, candidate: Candidate, log_prob: bool) -> MicroBatches:
     """The micro-batches of the update (per mini-batch) or of a log-prob pass, on one DP rank.
 
     The share is the rank's mean: the step's tokens over the DP ranks (and the mini-batches in
@@ -79,13 +87,16 @@ def micro_batches(ctx: Context, c: Candidate, log_prob: bool) -> MicroBatches:
     in the context by the fields it reads (memo.memoized): the memory and the time model each
     ask."""
     return memoized(
-        ctx.layout_cache, ("micro_batches", log_prob), c, lambda c: _micro_batches(ctx, c, log_prob)
+        ctx.layout_cache,
+        ("micro_batches", log_prob),
+        candidate,
+        lambda reading: _micro_batches(ctx, reading, log_prob),
     )
 
 
-def _micro_batches(ctx: Context, c: Candidate, log_prob: bool) -> MicroBatches:
-    lay = c.layout
-    dp = lay.dp
+def _micro_batches(ctx: Context, candidate: Candidate, log_prob: bool) -> MicroBatches:
+    layout = candidate.layout
+    dp = layout.dp
     if log_prob:
         tokens = ctx.tokens_step / dp
         samples = ctx.samples / dp
@@ -94,13 +105,17 @@ def _micro_batches(ctx: Context, c: Candidate, log_prob: bool) -> MicroBatches:
         samples = ctx.samples / (dp * ctx.minis)
         if dp > 1:
             tokens += ctx.seq_mean
-    n = micro_batch_count(c, log_prob, tokens, samples, lay.pp if lay.vpp > 1 else 1)
+    count = micro_batch_count(
+        candidate, log_prob, tokens, samples, layout.pp if layout.vpp > 1 else 1
+    )
     return MicroBatches(
-        count=n, mean_tokens=tokens / (n * lay.cp), peak_tokens=peak_micro_tokens(ctx, c, log_prob)
+        count=count,
+        mean_tokens=tokens / (count * layout.cp),
+        peak_tokens=peak_micro_tokens(ctx, candidate, log_prob),
     )
 
 
-def peak_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
+def peak_micro_tokens(ctx: Context, candidate: Candidate, log_prob: bool) -> float:
     """Tokens per GPU of the largest micro-batch a step is expected to see.
 
     With dynamic batching, the micro-batches of the sample lengths the megatron runner draws
@@ -117,17 +132,17 @@ def peak_micro_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
     without rounding the count to a multiple of pp under virtual pipelining, in the plan as in
     the analytic estimate: fewer, so larger, micro-batches than verl 0.9.1 cuts there (kept:
     the memory model's numbers are fitted with it)."""
-    if c.use_dynamic_bsz:
-        planned = _planned_peak_tokens(ctx, c, log_prob)
+    if candidate.use_dynamic_bsz:
+        planned = _planned_peak_tokens(ctx, candidate, log_prob)
         if planned is not None:
             return planned
-    return _analytic_peak_tokens(ctx, c, log_prob)
+    return _analytic_peak_tokens(ctx, candidate, log_prob)
 
 
-def _peak_multiple(c: Candidate, log_prob: bool) -> int:
+def _peak_multiple(candidate: Candidate, log_prob: bool) -> int:
     """What the largest micro-batch's count is rounded to: pp in an interleaved update."""
-    lay = c.layout
-    return lay.pp if (lay.vpp > 1 and not log_prob) else 1
+    layout = candidate.layout
+    return layout.pp if (layout.vpp > 1 and not log_prob) else 1
 
 
 _PLANS: dict[tuple[object, ...], float | None] = {}
@@ -136,45 +151,51 @@ _PLAN_LENGTHS: dict[tuple[object, ...], list[int]] = {}
 """The runner's drawn step lengths by (workload, mini-batches run)."""
 
 
-def _planned_peak_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float | None:
+def _planned_peak_tokens(ctx: Context, candidate: Candidate, log_prob: bool) -> float | None:
     """Largest micro-batch of the runner's batch plan, tokens per GPU (None: no plan)."""
-    lay = c.layout
-    budget = c.log_prob_max_token_len_per_gpu if log_prob else c.ppo_max_token_len_per_gpu
+    layout = candidate.layout
+    budget = (
+        candidate.log_prob_max_token_len_per_gpu
+        if log_prob
+        else candidate.ppo_max_token_len_per_gpu
+    )
     if log_prob and not budget:
-        budget = c.ppo_max_token_len_per_gpu
-    multiple = _peak_multiple(c, log_prob)
+        budget = candidate.ppo_max_token_len_per_gpu
+    multiple = _peak_multiple(candidate, log_prob)
     # The plan depends on the workload, the layout's dp/cp and the budget only: cached per
     # process, not per context, so calibration (a new Profile, so a new context, per step)
     # does not rebuild it.
-    key = (ctx.workload, log_prob, lay.dp, lay.cp, multiple, budget)
+    key = (ctx.workload, log_prob, layout.dp, layout.cp, multiple, budget)
     if key in _PLANS:
         return _PLANS[key]
-    w = ctx.workload
-    run = min(DEFAULT_MINI_BATCHES, max(1, w.mini_batches_per_step))
+    workload = ctx.workload
+    run = min(DEFAULT_MINI_BATCHES, max(1, workload.mini_batches_per_step))
     out: float | None = None
-    if budget > 0 and run * w.mini_batch_size * w.n <= BATCH_PLAN_MAX_SAMPLES:
+    if budget > 0 and run * workload.mini_batch_size * workload.n <= BATCH_PLAN_MAX_SAMPLES:
         try:
-            lkey = (w, run)
-            if lkey not in _PLAN_LENGTHS:
-                _PLAN_LENGTHS[lkey] = step_lengths(w, run * w.mini_batch_size, BATCH_PLAN_SEED)
-            lengths = _PLAN_LENGTHS[lkey]
+            lengths_key = (workload, run)
+            if lengths_key not in _PLAN_LENGTHS:
+                _PLAN_LENGTHS[lengths_key] = step_lengths(
+                    workload, run * workload.mini_batch_size, BATCH_PLAN_SEED
+                )
+            lengths = _PLAN_LENGTHS[lengths_key]
             plan = plan_step(
                 lengths,
-                dp=lay.dp,
-                mini_batch_size=len(lengths) if log_prob else w.mini_batch_size * w.n,
+                dp=layout.dp,
+                mini_batch_size=len(lengths) if log_prob else workload.mini_batch_size * workload.n,
                 use_dynamic_bsz=True,
                 max_token_len_per_gpu=budget,
-                cp=lay.cp,
+                cp=layout.cp,
                 micro_batch_multiple=multiple,
             )
-            out = plan.max_micro_tokens() / lay.cp
+            out = plan.max_micro_tokens() / layout.cp
         except ValueError:
             out = None
     _PLANS[key] = out
     return out
 
 
-def _analytic_peak_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
+def _analytic_peak_tokens(ctx: Context, candidate: Candidate, log_prob: bool) -> float:
     """Tokens per GPU of the largest micro-batch a step is expected to see, from the length
     distribution's moments alone.
 
@@ -186,21 +207,32 @@ def _analytic_peak_tokens(ctx: Context, c: Candidate, log_prob: bool) -> float:
     step's mini-batches on any rank: mean + z sd over the samples, z for the maximum of that
     many draws (at least 1), and one mean sample more for the balancing over DP ranks (in a
     log-prob pass too, where `micro_batches`' mean share has none)."""
-    lay = c.layout
-    if not c.use_dynamic_bsz:
-        mbs = c.log_prob_micro_batch_size_per_gpu if log_prob else c.ppo_micro_batch_size_per_gpu
-        return mbs * ctx.longest_sample / lay.cp
-    budget = max(1, c.log_prob_max_token_len_per_gpu if log_prob else c.ppo_max_token_len_per_gpu)
-    cap = float(max(budget, math.ceil(ctx.workload.max_seq_len / lay.cp)))
+    layout = candidate.layout
+    if not candidate.use_dynamic_bsz:
+        micro_batch_size = (
+            candidate.log_prob_micro_batch_size_per_gpu
+            if log_prob
+            else candidate.ppo_micro_batch_size_per_gpu
+        )
+        return micro_batch_size * ctx.longest_sample / layout.cp
+    budget = max(
+        1,
+        candidate.log_prob_max_token_len_per_gpu
+        if log_prob
+        else candidate.ppo_max_token_len_per_gpu,
+    )
+    cap = float(max(budget, math.ceil(ctx.workload.max_seq_len / layout.cp)))
     groups = 1 if log_prob else max(1, ctx.minis)
-    samples = ctx.samples / (lay.dp * groups)
-    draws = groups * lay.dp
+    samples = ctx.samples / (layout.dp * groups)
+    draws = groups * layout.dp
     z = max(1.0, math.sqrt(2 * math.log(draws)) if draws > 1 else 0.0)
     share = samples * ctx.seq_mean + z * math.sqrt(samples) * ctx.seq_sd
-    if lay.dp > 1:
+    if layout.dp > 1:
         share += ctx.seq_mean  # balancing over DP ranks leaves about one sample of difference
-    n = micro_batch_count(c, log_prob, share, samples, _peak_multiple(c, log_prob))
-    per = share / (n * lay.cp)
-    if n > 1:
-        per += ctx.seq_mean / lay.cp
-    return min(cap, max(per, ctx.longest_sample / lay.cp))
+    count = micro_batch_count(
+        candidate, log_prob, share, samples, _peak_multiple(candidate, log_prob)
+    )
+    per = share / (count * layout.cp)
+    if count > 1:
+        per += ctx.seq_mean / layout.cp
+    return min(cap, max(per, ctx.longest_sample / layout.cp))

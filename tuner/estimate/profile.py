@@ -135,68 +135,69 @@ model's out of the profile; it was never fitted): a profile holding them is read
 
 def load_profile(path: Path | None = None) -> Profile:
     """The profile at `path`, else the default file if present, else the built-in defaults."""
-    p = path or DEFAULT_PROFILE_PATH
-    if not p.exists():
+    file = path or DEFAULT_PROFILE_PATH
+    if not file.exists():
         if path is not None:
-            raise UserError(f"no calibration profile at {p}: run `tune calibrate` first")
+            raise UserError(f"no calibration profile at {file}: run `tune calibrate` first")
         return Profile()
-    return profile_of(load_json(p, "calibration profile"), p)
+    return profile_of(load_json(file, "calibration profile"), file)
 
 
 def profile_source(path: Path | None = None) -> str:
     """The file `load_profile(path)` reads (text), '' where it takes the built-in constants: a
     study says which profile it uses and records it in every row, since a `tune calibrate` in
     the folder changes every later run's predictions without a word otherwise."""
-    p = path or DEFAULT_PROFILE_PATH
-    return str(p) if p.exists() else ""
+    file = path or DEFAULT_PROFILE_PATH
+    return str(file) if file.exists() else ""
 
 
-def profile_of(data: object, p: Path) -> Profile:
+def profile_of(data: object, file: Path) -> Profile:
     """The Profile a profile file's JSON holds; UserError naming the file and what is wrong: not
     `tune calibrate`'s schema, a constant this version does not know (a misspelt name was
     dropped without a word), a value that is not a number (text, true), or one outside what
     `tune calibrate` fits in (`CALIBRATED`) or the model allows (`Profile.__post_init__`)."""
     redo = "re-run `tune calibrate` to write one, or fix the file"
     if not isinstance(data, dict):
-        raise UserError(f"calibration profile {p} holds no JSON object: {redo}")
+        raise UserError(f"calibration profile {file} holds no JSON object: {redo}")
     if data.get("schema") != PROFILE_SCHEMA:
         got = json.dumps(data.get("schema"))[:20]
         raise UserError(
-            f"calibration profile {p} has schema {got}, not {PROFILE_SCHEMA} (this version's): "
+            f"calibration profile {file} has schema {got}, not {PROFILE_SCHEMA} (this version's): "
             f"{redo}"
         )
     constants = data.get("constants")
     if not isinstance(constants, dict):
-        raise UserError(f'calibration profile {p} has no "constants" object: {redo}')
+        raise UserError(f'calibration profile {file} has no "constants" object: {redo}')
     known = [f.name for f in fields(Profile)]
     values: dict[str, float] = {}
-    for k, v in constants.items():
-        if k in RETIRED_CONSTANTS:
+    for name, value in constants.items():
+        if name in RETIRED_CONSTANTS:
             continue
-        if k not in known:
+        if name not in known:
             raise UserError(
-                f"calibration profile {p}: unknown constant {str(k)[:40]!r}: use the names "
+                f"calibration profile {file}: unknown constant {str(name)[:40]!r}: use the names "
                 f"`tune calibrate` prints (e.g. {known[0]}), or {redo}"
             )
-        if isinstance(v, bool) or not isinstance(v, int | float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise UserError(
-                f"calibration profile {p}: {k} is {json.dumps(v)[:40]}, not a number: {redo}"
+                f"calibration profile {file}: {name} is {json.dumps(value)[:40]}, not a number: "
+                f"{redo}"
             )
-        lo, hi = CALIBRATED.get(k, (-math.inf, math.inf))  # others: Profile.__post_init__
-        if not lo <= v <= hi:
+        lo, hi = CALIBRATED.get(name, (-math.inf, math.inf))  # others: Profile.__post_init__
+        if not lo <= value <= hi:
             raise UserError(
-                f"calibration profile {p}: {k} {v:g} is outside {lo:g}..{hi:g} (the range "
-                f"`tune calibrate` fits in): {redo}"
+                f"calibration profile {file}: {name} {value:g} is outside {lo:g}..{hi:g} "
+                f"(the range `tune calibrate` fits in): {redo}"
             )
-        values[k] = float(v)
+        values[name] = float(value)
     try:
         return Profile(**values)
     except UserError as e:
-        raise UserError(f"calibration profile {p}: {e}: {redo}") from None
+        raise UserError(f"calibration profile {file}: {e}: {redo}") from None
 
 
 def save_profile(profile: Profile, path: Path | None = None, **meta: object) -> Path:
     """Write the profile atomically (fileio.write_atomic) with its schema version."""
-    p = path or DEFAULT_PROFILE_PATH
+    file = path or DEFAULT_PROFILE_PATH
     payload = {"schema": PROFILE_SCHEMA, "constants": asdict(profile), **meta}
-    return write_atomic(p, json.dumps(payload, indent=2) + "\n")
+    return write_atomic(file, json.dumps(payload, indent=2) + "\n")

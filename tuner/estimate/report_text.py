@@ -11,34 +11,34 @@ from tuner.workload import Workload
 
 
 def format_estimate(
-    e: Estimate, c: Candidate, model: ModelSpec, cluster: Cluster, workload: Workload
+    estimate: Estimate, candidate: Candidate, model: ModelSpec, cluster: Cluster, workload: Workload
 ) -> str:
     """The breakdown of one estimate: time per phase, throughput, memory per GPU, the verdict."""
-    lay, mem = c.layout, e.memory
+    layout, mem = candidate.layout, estimate.memory
     lines = [
-        f"{model.name} on {cluster.num_gpus}x {cluster.gpu.name}, actor {lay.spec} (dp"
-        f"{lay.dp}), rollout tp{c.rollout_tp}, {workload.algorithm} "
+        f"{model.name} on {cluster.num_gpus}x {cluster.gpu.name}, actor {layout.spec} (dp"
+        f"{layout.dp}), rollout tp{candidate.rollout_tp}, {workload.algorithm} "
         f"{workload.batch_size}x{workload.n}, mean sample {workload.mean_seq_len:.0f} tokens "
         "(source=estimate)",
         "time per step",
     ]
     for label, v in (
-        ("generation", e.generation_s),
-        ("old log-prob", e.old_log_prob_s),
-        ("ref log-prob", e.ref_s),
-        ("update actor", e.update_actor_s),
-        ("critic", e.critic_s),
-        ("reshard", e.reshard_s),
-        ("step", e.step_s),
+        ("generation", estimate.generation_s),
+        ("old log-prob", estimate.old_log_prob_s),
+        ("ref log-prob", estimate.ref_s),
+        ("update actor", estimate.update_actor_s),
+        ("critic", estimate.critic_s),
+        ("reshard", estimate.reshard_s),
+        ("step", estimate.step_s),
     ):
         if label == "critic" and not v:
             continue
         lines.append(f"  {label:16} {v:9.1f} s")
     lines += [
-        f"  {'of which offload':16} {e.offload_s:9.1f} s (PCIe)",
-        f"  {'throughput':16} {e.throughput_tokens_per_s_per_gpu:9.0f} tokens/s/GPU",
-        f"  {'mfu':16} {e.mfu * 100:9.1f} % (actor update)",
-        f"  {'bottleneck':16} {e.bottleneck:>9}",
+        f"  {'of which offload':16} {estimate.offload_s:9.1f} s (PCIe)",
+        f"  {'throughput':16} {estimate.throughput_tokens_per_s_per_gpu:9.0f} tokens/s/GPU",
+        f"  {'mfu':16} {estimate.mfu * 100:9.1f} % (actor update)",
+        f"  {'bottleneck':16} {estimate.bottleneck:>9}",
         "memory per GPU (GiB)",
     ]
     for label, v in (
@@ -61,11 +61,11 @@ def format_estimate(
         ("update peak", mem.update_peak_gib),
     ):
         lines.append(f"  {label:16} {v:9.1f}")
-    verdict = "fits" if e.fits else f"does NOT fit: {e.fit_reason}"
+    verdict = "fits" if estimate.fits else f"does NOT fit: {estimate.fit_reason}"
     lines.append(
-        f"  peak {e.peak_mem_gib:.1f} GiB in {e.peak_phase} of {cluster.gpu.memory_gib:.1f} GiB: "
-        f"{verdict}"
+        f"  peak {estimate.peak_mem_gib:.1f} GiB in {estimate.peak_phase} of "
+        f"{cluster.gpu.memory_gib:.1f} GiB: {verdict}"
     )
     node = f" of the node's {cluster.host_mem_gib:.1f}" if cluster.host_mem_gib is not None else ""
-    lines.append(f"  host memory {e.host_mem_gib:.1f} GiB a node{node} (a fitted estimate)")
+    lines.append(f"  host memory {estimate.host_mem_gib:.1f} GiB a node{node} (a fitted estimate)")
     return "\n".join(lines)

@@ -55,25 +55,27 @@ def rollout_activation_bytes(
     return batched_tokens * width * BF16 + max_num_seqs * ctx.vocab * FP32 / rollout_tp
 
 
-def kv_cache_bytes(ctx: Context, c: Candidate) -> float:
+def kv_cache_bytes(ctx: Context, candidate: Candidate) -> float:
     """Per GPU bytes vLLM can give to KV cache.
 
     CUDA graphs (`enforce_eager=False`) are ignored: vLLM 0.24.0 measures their pool at start-up
     and takes it out of this same gpu_memory_utilization budget (vllm/v1/worker/gpu_worker.py,
     `cudagraph_memory_estimate`, on by default since 0.21), so the device total does not grow;
     the KV cache loses the pool, a size vLLM does not document (it profiles it per run)."""
-    mnbt = c.max_num_batched_tokens or ctx.max_seq
-    budget = c.gpu_memory_utilization * ctx.mem_bytes
+    max_num_batched_tokens = candidate.max_num_batched_tokens or ctx.max_seq
+    budget = candidate.gpu_memory_utilization * ctx.mem_bytes
     used = (
-        rollout_weight_bytes(ctx, c.rollout_tp, c.rollout_dp)
-        + rollout_activation_bytes(ctx, c.rollout_tp, mnbt, c.max_num_seqs)
+        rollout_weight_bytes(ctx, candidate.rollout_tp, candidate.rollout_dp)
+        + rollout_activation_bytes(
+            ctx, candidate.rollout_tp, max_num_batched_tokens, candidate.max_num_seqs
+        )
         + VLLM_RUNTIME_GIB * GIB
     )
     return budget - used
 
 
 def verl_generation_gib(
-    ctx: Context, c: Candidate, actor_bytes: float, weights_bytes: float, nccl: float
+    ctx: Context, candidate: Candidate, actor_bytes: float, weights_bytes: float, nccl: float
 ) -> tuple[float, float]:
     """(device total of verl 0.9.1's rollout, of its weight sync) per GPU, GiB: two processes
     on the GPU. Each step (workers/engine_workers.py `update_weights`) vLLM wakes its weights,
@@ -89,11 +91,13 @@ def verl_generation_gib(
     `export_weights` makes each parameter whole: up to a vocabulary table, twice under TP, the
     gathered shards and their merge), and vLLM asleep with its weights awake."""
     outside = CUDA_CONTEXT_GIB + VERL_ACTOR_RETAINED_GIB + nccl
-    budget = c.gpu_memory_utilization * ctx.mem_bytes
-    rollout = (actor_bytes + budget) / GIB + outside + vllm_outside_gib(c.rollout_tp, ctx.cluster)
-    loaded = weights_bytes if c.param_offload else 0.0
-    export = ctx.vocab * ctx.hidden * BF16 * (2 if c.layout.tp > 1 else 1)
+    budget = candidate.gpu_memory_utilization * ctx.mem_bytes
+    rollout = (
+        (actor_bytes + budget) / GIB + outside + vllm_outside_gib(candidate.rollout_tp, ctx.cluster)
+    )
+    loaded = weights_bytes if candidate.param_offload else 0.0
+    export = ctx.vocab * ctx.hidden * BF16 * (2 if candidate.layout.tp > 1 else 1)
     sent = actor_bytes + loaded + VERL_SYNC_BUCKET_BYTES + export
-    vllm = rollout_weight_bytes(ctx, c.rollout_tp, c.rollout_dp)
-    asleep = vllm_outside_gib(c.rollout_tp, ctx.cluster, asleep=True)
+    vllm = rollout_weight_bytes(ctx, candidate.rollout_tp, candidate.rollout_dp)
+    asleep = vllm_outside_gib(candidate.rollout_tp, ctx.cluster, asleep=True)
     return rollout, (sent + vllm) / GIB + outside + asleep

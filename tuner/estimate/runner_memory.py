@@ -26,7 +26,8 @@ def phase_devices(
     verl = mem.cuda_context_gib + mem.training_process_gib
     own = 0.0 if process_gib is None else process_gib - verl
     return {
-        p: getattr(mem, DEVICE_OF[p]) - ref + (own if p != "generation" else 0.0) for p in phases
+        phase: getattr(mem, DEVICE_OF[phase]) - ref + (own if phase != "generation" else 0.0)
+        for phase in phases
     }
 
 
@@ -51,7 +52,7 @@ def memory_view(
     mem = pred.memory
     ref = mem.reference_gib if drop_reference else 0.0
     devices = phase_devices(mem, phases, drop_reference=drop_reference, process_gib=process_gib)
-    device, phase = max((d, p) for p, d in devices.items())
-    peak = max(getattr(mem, ALLOCATED_OF[p]) - ref for p in phases)
+    device, phase = max((total, name) for name, total in devices.items())
+    peak = max(getattr(mem, ALLOCATED_OF[name]) - ref for name in phases)
     headroom = pred.headroom_gib if headroom_gib is None else headroom_gib
     return peak, device, phase, phases_unfit(devices, cluster.gpu.memory_gib, headroom)

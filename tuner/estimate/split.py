@@ -37,43 +37,45 @@ from tuner.hardware import GIB
 from tuner.space import Candidate, RolloutDims
 
 
-def training_s(t: PhaseTimes) -> float:
+def training_s(times: PhaseTimes) -> float:
     """The trainer pool's part of a step: old_log_prob, reference, update and the critic."""
-    return t.old_log_prob_s + t.ref_s + t.update_actor_s + t.critic_s
+    return times.old_log_prob_s + times.ref_s + times.update_actor_s + times.critic_s
 
 
-def split_step_s(t: PhaseTimes) -> float:
+def split_step_s(times: PhaseTimes) -> float:
     """One steady-state split step: the longer of generation and training, plus the sync."""
-    return max(t.generation_s, training_s(t)) + t.reshard_s
+    return max(times.generation_s, training_s(times)) + times.reshard_s
 
 
-def split_sync_s(ctx_t: Context, ctx_r: Context, c: Candidate, same_node: bool) -> float:
+def split_sync_s(
+    trainer_ctx: Context, rollout_ctx: Context, candidate: Candidate, same_node: bool
+) -> float:
     """The weight sync over the NCCL checkpoint engine: the whole bf16 model from the trainer's
     pool to every rollout replica at the link between the pools (NVLink on one node, else the
     inter-node link), the per-tensor collectives, vLLM's load of its shard, and under param
     offload the actor's weights brought back to the GPU to be sent."""
-    p = ctx_t.profile
-    w_total = ctx_t.total_params * BF16
-    link = ctx_t.nvlink if same_node else ctx_t.internode
-    replicas = RolloutDims.of(c, ctx_r.cluster.num_gpus).replicas
+    profile = trainer_ctx.profile
+    w_total = trainer_ctx.total_params * BF16
+    link = trainer_ctx.nvlink if same_node else trainer_ctx.internode
+    replicas = RolloutDims.of(candidate, rollout_ctx.cluster.num_gpus).replicas
     sync = RESHARD_FIXED_S + w_total * replicas / link
-    experts_tensors = 3 * ctx_t.experts if ctx_t.is_moe else 0
-    tensors = ctx_t.layers * (10 + experts_tensors) + 2
-    sync += tensors * RESHARD_COLLECTIVES_PER_TENSOR * p.collective_latency_s
-    sync += 2 * w_total / c.rollout_tp / ctx_r.hbm
-    if c.param_offload:
-        span = c.layout.tp * c.layout.pp * c.layout.ep
-        sync += 2 * w_total / span / ctx_t.pcie
+    experts_tensors = 3 * trainer_ctx.experts if trainer_ctx.is_moe else 0
+    tensors = trainer_ctx.layers * (10 + experts_tensors) + 2
+    sync += tensors * RESHARD_COLLECTIVES_PER_TENSOR * profile.collective_latency_s
+    sync += 2 * w_total / candidate.rollout_tp / rollout_ctx.hbm
+    if candidate.param_offload:
+        span = candidate.layout.tp * candidate.layout.pp * candidate.layout.ep
+        sync += 2 * w_total / span / trainer_ctx.pcie
     return sync
 
 
-def split_times(t_train: PhaseTimes, t_roll: PhaseTimes, sync_s: float) -> PhaseTimes:
+def split_times(trainer_times: PhaseTimes, rollout_times: PhaseTimes, sync_s: float) -> PhaseTimes:
     """The split's phases: training from the trainer's pool, generation from the rollout's,
     the sync between them; `bottleneck` the longer side."""
-    t = replace(t_train, generation_s=t_roll.generation_s, reshard_s=sync_s)
-    if t.generation_s >= training_s(t):
-        t = replace(t, bottleneck="generation")
-    return t
+    times = replace(trainer_times, generation_s=rollout_times.generation_s, reshard_s=sync_s)
+    if times.generation_s >= training_s(times):
+        times = replace(times, bottleneck="generation")
+    return times
 
 
 NCCL_ENGINE_BUFFERS = 2
@@ -90,7 +92,9 @@ CuPy's default memory pool keeps both blocks on the GPU through old_log_prob and
 `free_all_blocks`)."""
 
 
-def split_memory(ctx_r: Context, c: Candidate, mem: MemoryBreakdown) -> MemoryBreakdown:
+def split_memory(
+    rollout_ctx: Context, candidate: Candidate, mem: MemoryBreakdown
+) -> MemoryBreakdown:
     """Each pool's device totals on its own, from the trainer's colocated breakdown `mem`
     (computed on the trainer's pool): old_log_prob and update without vLLM's process asleep
     beside the actor (`training_process_gib`) but with the sync's buffers the source keeps
@@ -99,18 +103,18 @@ def split_memory(ctx_r: Context, c: Candidate, mem: MemoryBreakdown) -> MemoryBr
     the sync on the trainer's GPUs: the actor's states, the engine's buffers and its NCCL
     buffers (folded into the generation phase's total, as colocated does, so the fit check
     sees it)."""
-    budget = c.gpu_memory_utilization * ctx_r.mem_bytes
+    budget = candidate.gpu_memory_utilization * rollout_ctx.mem_bytes
     bucket = VERL_SYNC_BUCKET_BYTES / GIB
     rollout_dev = (
         budget / GIB
         + NCCL_ENGINE_BUFFERS * bucket
         + CUDA_CONTEXT_GIB
-        + vllm_outside_gib(c.rollout_tp, ctx_r.cluster)
+        + vllm_outside_gib(candidate.rollout_tp, rollout_ctx.cluster)
     )
     held = mem.weights_gib + mem.workspace_gib
-    if not c.param_offload:
+    if not candidate.param_offload:
         held += mem.grads_gib
-    if not c.optimizer_offload:
+    if not candidate.optimizer_offload:
         held += mem.optimizer_gib
     sync_dev = held + NCCL_ENGINE_BUFFERS * bucket + mem.overhead_gib
     kept = NCCL_ENGINE_MASTER_KEPT * bucket - mem.training_process_gib

@@ -162,22 +162,34 @@ def busiest_rank_load(imbalance: float, experts: int, ep: int) -> float:
     return (imbalance + (local - 1) * (experts - imbalance) / (experts - 1)) / local
 
 
-def _layout_lin(ctx: Context, c: Candidate) -> _Lin:
+def _layout_lin(ctx: Context, candidate: Candidate) -> _Lin:
     """A layer's time per token (slope) and per micro-batch (intercept) of each part, for the
     candidate's layout and kernels: memoized in the context by the fields it reads
     (memo.memoized), as every micro-batch of every phase asks."""
-    return memoized(ctx.layout_cache, ("layout_lin",), c, lambda c: _compute_layout_lin(ctx, c))
+    return memoized(
+        ctx.layout_cache,
+        ("layout_lin",),
+        candidate,
+        lambda reading: _compute_layout_lin(ctx, reading),
+    )
 
 
-def _compute_layout_lin(ctx: Context, c: Candidate) -> _Lin:
-    lay = c.layout
-    tp, cp, ep, etp, sp, world = lay.tp, lay.cp, lay.ep, lay.etp, c.sequence_parallel, lay.world
-    p = ctx.profile
+def _compute_layout_lin(ctx: Context, candidate: Candidate) -> _Lin:
+    layout = candidate.layout
+    tp, cp, ep, etp, sequence_parallel, world = (
+        layout.tp,
+        layout.cp,
+        layout.ep,
+        layout.etp,
+        candidate.sequence_parallel,
+        layout.world,
+    )
+    profile = ctx.profile
     h, q, kv, f = ctx.hidden, ctx.q_dim, ctx.kv_dim, ctx.ffn
-    gemm_rate = ctx.peak * p.gemm_efficiency
-    attn_rate = ctx.peak * p.attention_efficiency
-    hbm, lat = ctx.hbm, p.collective_latency_s
-    sp_div = tp if sp else 1
+    gemm_rate = ctx.peak * profile.gemm_efficiency
+    attn_rate = ctx.peak * profile.attention_efficiency
+    hbm, lat = ctx.hbm, profile.collective_latency_s
+    sp_div = tp if sequence_parallel else 1
 
     # attention (and dense MLP) GEMMs, per token: FLOPs and activation bytes; weights per micro.
     # Above the kv heads megatron-core gives each rank a replica of its kv group, so the K/V
@@ -189,16 +201,18 @@ def _compute_layout_lin(ctx: Context, c: Candidate) -> _Lin:
     weights_f = lin_local * BF16 / hbm
     weights_b = lin_local * (BF16 + 2 * FP32) / hbm  # dgrad read + fp32 wgrad accumulate r/w
     elem = 2 * (10 * h / sp_div + 2 * (q / tp + kv_local) + (3 * f / tp if not ctx.is_moe else 0.0))
-    if not c.apply_rope_fusion:
+    if not candidate.apply_rope_fusion:
         elem += ROPE_UNFUSED_PASSES * (q / tp + kv_local)
-    if not c.bias_activation_fusion and not ctx.is_moe:
+    if not candidate.bias_activation_fusion and not ctx.is_moe:
         elem += SWIGLU_UNFUSED_PASSES * 2 * f / tp
     elem_f = elem * BF16 / hbm
     core_f = 2 * ctx.seq_eff * q / tp / attn_rate
-    if c.attention_backend in ("unfused", "local"):
+    if candidate.attention_backend in ("unfused", "local"):
         # scores materialised: GEMMs at the GEMM rate plus passes over the s x s matrix
         passes = (
-            SCORE_PASSES_FUSED_SOFTMAX if c.masked_softmax_fusion else SCORE_PASSES_UNFUSED_SOFTMAX
+            SCORE_PASSES_FUSED_SOFTMAX
+            if candidate.masked_softmax_fusion
+            else SCORE_PASSES_UNFUSED_SOFTMAX
         )
         core_f = 2 * ctx.seq_eff * q / tp / gemm_rate
         core_f += passes * ctx.heads / tp * ctx.seq_eff / 2 * BF16 / hbm
@@ -212,7 +226,7 @@ def _compute_layout_lin(ctx: Context, c: Candidate) -> _Lin:
     tp_f = tp_b = tp_fi = tp_bi = 0.0
     if tp > 1:
         one = h * BF16 * (tp - 1) / tp / bandwidth_between(ctx, tp)
-        if sp:
+        if sequence_parallel:
             tp_f, tp_b, tp_fi, tp_bi = 4 * one, 6 * one, 4 * lat, 6 * lat
         else:
             tp_f, tp_b, tp_fi, tp_bi = 4 * one, 4 * one, 2 * lat, 2 * lat
@@ -225,13 +239,13 @@ def _compute_layout_lin(ctx: Context, c: Candidate) -> _Lin:
         cp_f = max(0.0, ring - core_f)
         cp_b = max(0.0, 2 * ring - core_b)
         cp_fi, cp_bi = (cp - 1) * 2 * lat, (cp - 1) * 4 * lat
-    host = p.moe_layer_host_s if ctx.is_moe else p.layer_host_s
+    host = profile.moe_layer_host_s if ctx.is_moe else profile.layer_host_s
     host *= 1 + CP_HOST_PER_STEP * (cp - 1)
     host_f, host_b = HOST_FORWARD_SHARE * host, (1 - HOST_FORWARD_SHARE) * host
 
     fwd_s = gemm_f + elem_f + core_f + tp_f + cp_f
     bwd_s = 2 * gemm_f + 2 * elem_f + core_b + tp_b + cp_b
-    if not c.apply_rope_fusion:
+    if not candidate.apply_rope_fusion:
         # the per-sequence loop for q and k; a GPU's micro-batch of t tokens holds t·cp/seq_mean
         # sequences (each CP rank keeps a slice of every sequence)
         ops = ROPE_THD_OPS_PER_SEQUENCE + (1 if cp > 1 else 0)
@@ -240,15 +254,15 @@ def _compute_layout_lin(ctx: Context, c: Candidate) -> _Lin:
         bwd_s += rope_host
     fwd_i = weights_f + tp_fi + cp_fi + host_f
     bwd_i = weights_b + tp_bi + cp_bi + host_b
-    if not c.gradient_accumulation_fusion:
+    if not candidate.gradient_accumulation_fusion:
         bwd_i += lin_local * 2 * FP32 / hbm  # wgrad written, then added into the fp32 main grad
     moe_fwd = act_fwd = 0.0
 
     if ctx.is_moe:
-        routed = ctx.topk * etp / tp if (sp and tp > 1) else float(ctx.topk)
+        routed = ctx.topk * etp / tp if (sequence_parallel and tp > 1) else float(ctx.topk)
         fe = ctx.moe_ffn / etp
         local_experts = ctx.experts / ep
-        grouped_rate = gemm_rate * p.grouped_gemm_efficiency
+        grouped_rate = gemm_rate * profile.grouped_gemm_efficiency
         # the busiest expert-parallel rank sets the pace (the all-to-all waits for it)
         busiest = routed * busiest_rank_load(ctx.expert_imbalance, ctx.experts, ep)
         expert_flops = 2 * busiest * 3 * h * fe
@@ -257,20 +271,20 @@ def _compute_layout_lin(ctx: Context, c: Candidate) -> _Lin:
         act_bytes = busiest * (2 * h + 6 * fe) * BF16 / hbm
         perm = routed * h * BF16 / hbm
         w_bytes = local_experts * 3 * h * fe
-        if not c.bias_activation_fusion:
+        if not candidate.bias_activation_fusion:
             act_bytes += busiest * SWIGLU_UNFUSED_PASSES * 2 * fe * BF16 / hbm
-        passes = PERMUTE_PASSES if c.moe_permute_fusion else PERMUTE_PASSES_UNFUSED
+        passes = PERMUTE_PASSES if candidate.moe_permute_fusion else PERMUTE_PASSES_UNFUSED
         moe_f = expert_flops / grouped_rate + act_bytes + router + passes / 3 * perm
         moe_b = 2 * expert_flops / grouped_rate + 2 * act_bytes + 2 * router
         moe_b += passes * 2 / 3 * perm
-        if not c.moe_grouped_gemm:
+        if not candidate.moe_grouped_gemm:
             tile = 0.0
             fwd_i += local_experts * 3 * SEQUENTIAL_EXPERT_LAUNCH_S
             bwd_i += local_experts * 6 * SEQUENTIAL_EXPERT_LAUNCH_S
         a2a_f = a2a_b = a2a_i = 0.0
         if ep > 1:
             vol = busiest * h * BF16 * (ep - 1) / ep  # the busiest rank's receive
-            if c.moe_token_dispatcher_type == "allgather":
+            if candidate.moe_token_dispatcher_type == "allgather":
                 vol = h * BF16 * (ep - 1) / sp_div  # every rank gathers every token
             if ep * etp <= ctx.local_gpus:
                 one = vol / ctx.nvlink
@@ -288,7 +302,7 @@ def _compute_layout_lin(ctx: Context, c: Candidate) -> _Lin:
         bwd_s += moe_b + a2a_b
         fwd_i += tile + w_bytes * BF16 / hbm + a2a_i
         bwd_i += 2 * tile + w_bytes * (BF16 + 2 * FP32) / hbm + a2a_i
-        if not c.gradient_accumulation_fusion:
+        if not candidate.gradient_accumulation_fusion:
             bwd_i += w_bytes * 2 * FP32 / hbm
         moe_fwd = moe_f + a2a_f
         act_fwd = act_bytes / 2
@@ -348,43 +362,45 @@ def bottleneck_of(generation_s: float, log_prob_s: float, update_s: float, criti
 
 def phase_times_of(
     ctx: Context,
-    c: Candidate,
+    candidate: Candidate,
     verl_logits: str = DEFAULT_VERL,
     async_scheduling: bool = VLLM_ASYNC_SCHEDULING,
 ) -> PhaseTimes:
-    """Seconds of each phase for candidate `c` (the per-candidate hot path); `verl_logits`: the
+    """Seconds of each phase for `candidate` (the per-candidate hot path); `verl_logits`: the
     verl release whose full-logits passes are counted (estimate/logits.py); `async_scheduling`:
     vLLM overlaps each decode step's host work with the GPU (generation.VLLM_ASYNC_SCHEDULING)."""
     logit_bytes = LOGIT_TRAFFIC_BYTES[verl_logits]
-    lay = c.layout
-    p = ctx.profile
-    tp, pp, vpp, cp, dp = lay.tp, lay.pp, lay.vpp, lay.cp, lay.dp
-    lin = _layout_lin(ctx, c)
+    layout = candidate.layout
+    profile = ctx.profile
+    tp, pp, vpp, cp, dp = layout.tp, layout.pp, layout.vpp, layout.cp, layout.dp
+    lin = _layout_lin(ctx, candidate)
     # the slowest pipeline stage sets the pace (uneven splits: the largest stage)
-    layers_stage = max(lay.stage_layers(ctx.layers)) if lay.uneven else ctx.layers / pp
+    layers_stage = max(layout.stage_layers(ctx.layers)) if layout.uneven else ctx.layers / pp
     minis = ctx.minis
 
     # --- actor update: micro-batches of the slowest DP rank in each mini-batch (its mean share)
-    upd_batches = micro_batches(ctx, c, log_prob=False)
+    upd_batches = micro_batches(ctx, candidate, log_prob=False)
     n_micro, tok = upd_batches.count, upd_batches.mean_tokens
-    logit = _logits_slope(ctx, tp, c.use_fused_kernels, logit_bytes["update_actor"])
+    logit = _logits_slope(ctx, tp, candidate.use_fused_kernels, logit_bytes["update_actor"])
     fwd = layers_stage * (lin.fwd_slope * tok + lin.fwd_icpt)
     bwd = layers_stage * (lin.bwd_slope * tok + lin.bwd_icpt)
     head = (lin.head_fwd_slope + lin.head_bwd_slope + logit) * tok
     head += lin.head_fwd_icpt + lin.head_bwd_icpt
-    if c.recompute_granularity == "full":
-        if c.recompute_method == "block":
-            frac = min(1.0, c.recompute_num_layers * vpp / layers_stage)
+    if candidate.recompute_granularity == "full":
+        if candidate.recompute_method == "block":
+            frac = min(1.0, candidate.recompute_num_layers * vpp / layers_stage)
         else:
             frac = 1.0
         recompute = frac * fwd
-    elif c.recompute_granularity == "selective":
+    elif candidate.recompute_granularity == "selective":
         slope = 0.0
-        for module in modules_of(c):
+        for module in modules_of(candidate):
             slope += {
                 "core_attn": lin.core_fwd_slope,
                 # norm_fwd_slope is both norms' forward; only those apart are recomputed
-                "layernorm": lin.norm_fwd_slope * separate_norms(ctx.is_moe, local_norms(c)) / 2,
+                "layernorm": lin.norm_fwd_slope
+                * separate_norms(ctx.is_moe, local_norms(candidate))
+                / 2,
                 "mlp": lin.mlp_fwd_slope,
                 "moe": lin.moe_fwd_slope,
                 "moe_act": lin.moe_act_fwd_slope,
@@ -400,17 +416,17 @@ def phase_times_of(
     per_mini = (n_micro + bubble) * micro
 
     # optimizer step: grads reduce-scattered (fp32), params all-gathered (bf16), Adam on the shard
-    dense, expert = params_local(ctx, lay)
-    edp = lay.expert_dp
-    dp_bw = ctx.nvlink if lay.world // pp <= ctx.local_gpus else ctx.internode
-    g = dp * cp
+    dense, expert = params_local(ctx, layout)
+    expert_dp = layout.expert_dp
+    dp_bw = ctx.nvlink if layout.world // pp <= ctx.local_gpus else ctx.internode
+    dp_cp = dp * cp
     comm = 0.0
-    if g > 1:
-        comm += (FP32 + BF16) * dense * (g - 1) / g / dp_bw
-    if edp > 1 and expert:
-        comm += (FP32 + BF16) * expert * (edp - 1) / edp / dp_bw
-    comm += 2 * (dense + expert) / BUCKET_PARAMS * p.collective_latency_s
-    shard = dense / g + (expert / edp if expert else 0.0)
+    if dp_cp > 1:
+        comm += (FP32 + BF16) * dense * (dp_cp - 1) / dp_cp / dp_bw
+    if expert_dp > 1 and expert:
+        comm += (FP32 + BF16) * expert * (expert_dp - 1) / expert_dp / dp_bw
+    comm += 2 * (dense + expert) / BUCKET_PARAMS * profile.collective_latency_s
+    shard = dense / dp_cp + (expert / expert_dp if expert else 0.0)
     adam = (shard * OPTIMIZER_BYTES_PER_SHARD_PARAM + (dense + expert) * 2 * FP32) / ctx.hbm
     per_mini += comm + adam
 
@@ -418,29 +434,29 @@ def phase_times_of(
     grads_b = (dense + expert) * FP32
     optim_b = 3 * FP32 * shard
     moved = 0.0
-    if c.param_offload:
+    if candidate.param_offload:
         moved += weights_b
-    if c.param_offload:  # verl 0.9.1: param_offload moves the gradient buffers too
+    if candidate.param_offload:  # verl 0.9.1: param_offload moves the gradient buffers too
         moved += grads_b
-    if c.optimizer_offload:
+    if candidate.optimizer_offload:
         moved += optim_b
     upd_offload = 2 * moved / ctx.pcie
-    ship = 1.0 / (p.controller_gb_s * 1e9)
+    ship = 1.0 / (profile.controller_gb_s * 1e9)
     update = minis * per_mini + upd_offload + ctx.batch_bytes_update * ship
 
     # --- log-prob passes: each rank's whole share, balanced across ranks by verl
-    lp_batches = micro_batches(ctx, c, log_prob=True)
+    lp_batches = micro_batches(ctx, candidate, log_prob=True)
     n_lp, tok_lp = lp_batches.count, lp_batches.mean_tokens
     lp_micro = layers_stage * (lin.fwd_slope * tok_lp + lin.fwd_icpt)
     lp_micro += lin.head_fwd_slope * tok_lp + lin.head_fwd_icpt
     if pp > 1:
         lp_micro += vpp * (lin.p2p_slope * tok_lp + lin.p2p_icpt)
     lp_steps = n_lp + (pp - 1)
-    lp_offload = 2 * weights_b / ctx.pcie if c.param_offload else 0.0
+    lp_offload = 2 * weights_b / ctx.pcie if candidate.param_offload else 0.0
     lp_fixed = lp_offload + ctx.batch_bytes_log_prob * ship
     # the last stage's logits work: old_log_prob computes the entropy too, the reference pass
     # only the log-probs (trainer/ppo/ray_trainer.py _compute_ref_log_prob)
-    fused = c.use_fused_kernels
+    fused = candidate.use_fused_kernels
     old_logits = _logits_slope(ctx, tp, fused, logit_bytes["old_log_prob"]) * tok_lp
     log_prob = lp_steps * (lp_micro + old_logits) + lp_fixed
     ref = 0.0
@@ -450,29 +466,29 @@ def phase_times_of(
     critic = (update + log_prob) if ctx.has_critic else 0.0
 
     # --- weight sync to vLLM
-    rtp = c.rollout_tp
+    rollout_tp = candidate.rollout_tp
     w_total = ctx.total_params * BF16
-    span = tp * pp * lay.ep
-    reshard = RESHARD_FIXED_S + w_total / rtp / bandwidth_between(ctx, span)
+    span = tp * pp * layout.ep
+    reshard = RESHARD_FIXED_S + w_total / rollout_tp / bandwidth_between(ctx, span)
     experts_tensors = 3 * ctx.experts if ctx.is_moe else 0
     tensors = ctx.layers * (10 + experts_tensors) + 2
-    reshard += tensors * RESHARD_COLLECTIVES_PER_TENSOR * p.collective_latency_s
-    reshard += 2 * w_total / rtp / ctx.hbm
-    if c.param_offload:
+    reshard += tensors * RESHARD_COLLECTIVES_PER_TENSOR * profile.collective_latency_s
+    reshard += 2 * w_total / rollout_tp / ctx.hbm
+    if candidate.param_offload:
         reshard += 2 * weights_b / ctx.pcie
 
     # --- generation
-    mnbt = c.max_num_batched_tokens or ctx.max_seq
+    max_num_batched_tokens = candidate.max_num_batched_tokens or ctx.max_seq
     gen = generation(
         ctx,
-        rtp,
-        c.rollout_dp,
-        c.rollout_ep,
-        c.gpu_memory_utilization,
-        mnbt,
-        c.max_num_seqs,
-        kv_cache_bytes(ctx, c),
-        c.enforce_eager,
+        rollout_tp,
+        candidate.rollout_dp,
+        candidate.rollout_ep,
+        candidate.gpu_memory_utilization,
+        max_num_batched_tokens,
+        candidate.max_num_seqs,
+        kv_cache_bytes(ctx, candidate),
+        candidate.enforce_eager,
         async_scheduling,
     ).seconds
     gen += ctx.batch_bytes_generation * ship
@@ -494,6 +510,8 @@ def phase_times_of(
     )
 
 
-def phase_times(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload, p: Profile) -> PhaseTimes:
-    """Seconds of each phase of one step for candidate `c`."""
-    return phase_times_of(get_context(m, cl, w, p), c)
+def phase_times(
+    candidate: Candidate, model: ModelSpec, cluster: Cluster, workload: Workload, profile: Profile
+) -> PhaseTimes:
+    """Seconds of each phase of one step for `candidate`."""
+    return phase_times_of(get_context(model, cluster, workload, profile), candidate)

@@ -2,7 +2,7 @@
 and the memory guard (a correction of the predicted device total and a ceiling from OOMs).
 
 These read no files: the study hands them its finished trials. The fits over committed
-leaderboards are tuner.fit.calibrate and tuner.fit.memory.
+leaderboards are tuner.fit.calibrate and tuner.fit.memory_fit.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ class _Ctx:
             # without, with the same times and PyTorch peaks (scripts/gpu_outside_probe.py).
             dist.init_process_group("nccl")
         from tuner.runners.megatron_worker.attention import choose_attention
-        from tuner.runners.megatron_worker.memory import MemoryMeter
+        from tuner.runners.megatron_worker.device_memory import MemoryMeter
 
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.attn = choose_attention()

@@ -162,8 +162,8 @@ def _measure(
 
     from tuner.runners.megatron_worker import model as mdl
     from tuner.runners.megatron_worker.attention import core_attention_class
+    from tuner.runners.megatron_worker.device_memory import release_storages
     from tuner.runners.megatron_worker.logprob import patch_fused
-    from tuner.runners.megatron_worker.memory import release_storages
     from tuner.runners.megatron_worker.offload import Offloader
 
     world, rank = dist.get_world_size(), dist.get_rank()

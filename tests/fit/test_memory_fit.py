@@ -20,7 +20,7 @@ from tuner.estimate.device import (
     phases_unfit,
 )
 from tuner.estimate.memory import DEVICE_OF
-from tuner.fit.memory import (
+from tuner.fit.memory_fit import (
     MemoryRow,
     fit_memory,
     fit_phase_headroom,
