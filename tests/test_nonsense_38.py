@@ -1,0 +1,145 @@
+"""Issue 38 (hardening 4), item 4: nonsense that was accepted. One test (or a parametrized
+family) per class, each refused where the class is decided, with exit code 2, one line that
+says what to change, and no file written; each fails on the code before the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from tests.test_bad_input import (
+    Setup,
+    _assert_refused,
+    _config,
+    _config_json,
+    _none,
+    leaderboards,  # noqa: F401  (a fixture of that module, used here by name)
+)
+
+R = ["--model", "qwen2.5-7b", "--gpus", "8", "--no-progress", "--trials", "2"]
+"""A search that would run (and write results/) if the case's bad argument were accepted."""
+E = ["estimate", "--model", "qwen2.5-7b", "--gpus", "8", "--layout", "tp2"]
+"""An estimate that would print if the bad argument were accepted."""
+EC = ["estimate", "--model", "config.json", "--gpus", "8"]
+"""An estimate of the model in ./config.json (its --layout added by the case)."""
+RC = ["--model", "config.json", "--gpus", "8", "--no-progress", "--trials", "2"]
+"""A search of the model in ./config.json."""
+
+
+# --------------------------------------------------------------------------------------------
+# The model's numbers and the parallel layout's rules (tuner.models, tuner.space.rules)
+# --------------------------------------------------------------------------------------------
+
+MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=96)
+"""A small MoE's routed experts (each expert's width 96: 3 x 32)."""
+
+MODEL_CASES: list[tuple[str, list[str], str, Setup]] = [
+    # an FFN width (intermediate_size) that no tp > 1 divides: megatron-core's `divide` asserts
+    (
+        "ffn-odd-tp2",
+        [*EC, "--layout", "tp2"],
+        "tp(2) does not divide the MLP width (intermediate_size), 513",
+        _config_json(_config(intermediate_size=513)),
+    ),
+    (
+        "ffn-odd-rollout-tp2",
+        [*EC, "--layout", "dp8", "--rollout-tp", "2"],
+        "rollout tp(2) does not divide the MLP width (intermediate_size), 513",
+        _config_json(_config(intermediate_size=513)),
+    ),
+    # the experts' width over etp, and over vLLM's tp where the rollout is not expert-parallel
+    (
+        "moe-ffn-etp",
+        [*EC, "--layout", "tp2ep2etp2"],
+        "etp(2) does not divide the experts' width (moe_intermediate_size), 97",
+        _config_json(_config(**{**MOE, "moe_intermediate_size": 97})),
+    ),
+    (
+        "moe-ffn-rollout-tp",
+        [*EC, "--layout", "ep8", "--rollout-tp", "2"],
+        "rollout tp(2) does not divide the experts' width (moe_intermediate_size), 97",
+        _config_json(_config(**{**MOE, "moe_intermediate_size": 97})),
+    ),
+    # the shared experts are split over tp like a dense MLP
+    (
+        "shared-experts-tp",
+        [*EC, "--layout", "tp2ep2"],
+        "tp(2) does not divide the shared experts' width, 97",
+        _config_json(_config(**MOE, shared_expert_intermediate_size=97)),
+    ),
+    # a dense model's etp shards nothing: tp2etp2 is tp2 under another name
+    ("dense-etp", [*E[:-1], "tp2etp2"], "etp(2) > 1 on a dense model", _none),
+    # a vocabulary below the 256 byte values any tokenizer holds
+    ("vocab-1", [*EC, "--layout", "tp2"], "vocab_size is 1, outside 256..",
+     _config_json(_config(vocab_size=1))),
+    ("vocab-255", RC, "vocab_size is 255, outside 256..", _config_json(_config(vocab_size=255))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment", "setup"), [c[1:] for c in MODEL_CASES], ids=[c[0] for c in MODEL_CASES]
+)
+def test_a_model_the_layout_cannot_split_is_refused(
+    argv: list[str],
+    fragment: str,
+    setup: Setup,
+    leaderboards: Path,  # noqa: F811
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """intermediate_size 513 got tp2 rows (megatron-core and vLLM split an MLP's width over tp
+    with an assert); tp2etp2 of a dense model was scored as a layout of its own; vocab_size 1
+    was read."""
+    _assert_refused(argv, fragment, setup, leaderboards, workdir, monkeypatch, capsys)
+
+
+def test_the_search_offers_no_tp_the_ffn_width_refuses() -> None:
+    """The space's layouts and rollout tps are those the rules allow: a model whose MLP width
+    is odd is searched at tp 1 only (its rows were tp2, tp4, tp8)."""
+    from tuner.hardware import Cluster, get_gpu
+    from tuner.models import get_model
+    from tuner.space import SearchSpace
+    from tuner.workload import get_workload
+
+    odd = dataclasses.replace(get_model("qwen2.5-7b"), ffn_hidden_size=18945)
+    cl = Cluster(gpu=get_gpu("h100"), num_gpus=8)
+    space = SearchSpace(model=odd, cluster=cl, workload=get_workload("dapo-math"))
+    assert {lay.tp for lay in space.layouts.values()} == {1}
+    assert space.rollout_tps == [1]
+    even = SearchSpace(model=get_model("qwen2.5-7b"), cluster=cl, workload=space.workload)
+    assert {lay.tp for lay in even.layouts.values()} == {1, 2, 4}  # 28 heads: not 8
+    assert all(lay.etp == 1 for lay in even.layouts.values())
+
+
+def test_the_rules_are_the_search_spaces_and_the_megatron_runner_has_no_copy() -> None:
+    """dense_no_etp was the megatron runner's own rule: the estimator and `tune estimate`
+    scored tp2etp2 of a dense model. It is one shared rule now, and megatron-core's refusals
+    of an FFN width are shared too (the worker's spec check refuses them: layout_model_rules)."""
+    from tuner.runners.megatron_refusals import MEGATRON_RULES
+    from tuner.space import RULES, ParallelLayout, layout_model_rules
+
+    shared = {r.name for r in RULES}
+    assert {"dense_no_etp", "tp_ffn", "etp_ffn"} <= shared
+    assert shared.isdisjoint(r.name for r in MEGATRON_RULES)
+    from tuner.models import get_model
+
+    odd = dataclasses.replace(get_model("qwen2.5-7b"), ffn_hidden_size=18945)
+    names = {n for n, _ in layout_model_rules(ParallelLayout(world=2, tp=2), odd)}
+    assert names == {"tp_ffn"}
+    # etp > 1 on a dense model: megatron-core runs it, so the worker's spec check allows it
+    assert not layout_model_rules(ParallelLayout(world=2, tp=2, etp=2), get_model("qwen2.5-7b"))
+
+
+def test_every_spec_holds_a_vocabulary_of_the_byte_values() -> None:
+    """ModelSpec itself refuses a vocabulary below MIN_VOCAB (a megatron worker spec, a
+    registry entry), not only the config.json reader."""
+    from tuner.errors import UserError
+    from tuner.models import MIN_VOCAB, get_model
+
+    m = get_model("qwen2.5-7b")
+    with pytest.raises(UserError, match=f"vocab_size 255 is below {MIN_VOCAB}"):
+        dataclasses.replace(m, vocab_size=255)
+    assert dataclasses.replace(m, vocab_size=MIN_VOCAB).vocab_size == MIN_VOCAB
