@@ -143,3 +143,70 @@ def test_every_spec_holds_a_vocabulary_of_the_byte_values() -> None:
     with pytest.raises(UserError, match=f"vocab_size 255 is below {MIN_VOCAB}"):
         dataclasses.replace(m, vocab_size=255)
     assert dataclasses.replace(m, vocab_size=MIN_VOCAB).vocab_size == MIN_VOCAB
+
+
+# --------------------------------------------------------------------------------------------
+# Options that do nothing with the chosen runner or the other options (tuner.cli_args)
+# --------------------------------------------------------------------------------------------
+
+OPTION_CASES: list[tuple[str, list[str], str]] = [
+    (
+        "confirm-top-estimate",
+        [*R, "--runner", "estimate", "--confirm-top", "5"],
+        "--confirm-top applies to --runner ladder only, not --runner estimate",
+    ),
+    (
+        "confirm-top-verl",
+        [*R, "--runner", "verl", "--confirm-top", "5"],
+        "--confirm-top applies to --runner ladder only, not --runner verl",
+    ),
+    (
+        "confirm-top-megatron",
+        [*R, "--runner", "megatron", "--confirm-top", "1"],
+        "--confirm-top applies to --runner ladder only, not --runner megatron",
+    ),
+    (
+        "trial-timeout-estimate",
+        [*R, "--runner", "estimate", "--trial-timeout", "60"],
+        "--trial-timeout applies to the runners that launch trials",
+    ),
+    (
+        "estimate-token-budget-micro-batch",
+        [*E, "--micro-batch", "2", "--max-token-len", "20000"],
+        "--max-token-len 20000 is a dynamic-batching token budget, and --micro-batch 2 turns",
+    ),
+    (
+        "estimate-logprob-budget-micro-batch",
+        [*E, "--micro-batch", "2", "--logprob-max-token-len", "20000"],
+        "--logprob-max-token-len 20000 is a dynamic-batching token budget",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"), [c[1:] for c in OPTION_CASES], ids=[c[0] for c in OPTION_CASES]
+)
+def test_an_option_that_would_do_nothing_is_refused(
+    argv: list[str],
+    fragment: str,
+    leaderboards: Path,  # noqa: F811
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--confirm-top` outside the ladder, `--trial-timeout` with the estimator (it launches
+    nothing) and `tune estimate`'s token budgets with `--micro-batch` (dynamic batching off)
+    were ignored without a word."""
+    _assert_refused(argv, fragment, _none, leaderboards, workdir, monkeypatch, capsys)
+
+
+def test_the_options_are_declared_with_their_runners() -> None:
+    """The refusal reads each option's declaration (cli_args.RUN_OPTIONS), and the parser takes
+    its default from there."""
+    from tuner.cli import build_parser
+    from tuner.cli_args import RUN_OPTIONS
+
+    assert RUN_OPTIONS["--confirm-top"].runners.names == ("ladder",)
+    assert "estimate" not in RUN_OPTIONS["--trial-timeout"].runners.names
+    run = build_parser().parse_args(["run", "--model", "qwen2.5-7b", "--gpus", "8"])
+    assert run.confirm_top == 3 and run.trial_timeout == 1800.0

@@ -461,6 +461,16 @@ def _check_export(args: argparse.Namespace) -> None:
 
 
 def _check_estimate(args: argparse.Namespace) -> None:
+    if args.micro_batch is not None:  # dynamic batching off: its token budgets do nothing
+        for flag, value in (
+            ("--max-token-len", args.max_token_len),
+            ("--logprob-max-token-len", args.logprob_max_token_len),
+        ):
+            if value is not None:
+                raise UserError(
+                    f"{flag} {value} is a dynamic-batching token budget, and --micro-batch "
+                    f"{args.micro_batch} turns dynamic batching off: pass one of them"
+                )
     if args.profile is not None:
         check_readable_file(args.profile, "--profile", JSON_MAX_BYTES)
 
