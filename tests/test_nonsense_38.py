@@ -12,6 +12,7 @@ import pytest
 from tests.test_bad_input import (
     Setup,
     _assert_refused,
+    _cell,
     _config,
     _config_json,
     _none,
@@ -210,3 +211,77 @@ def test_the_options_are_declared_with_their_runners() -> None:
     assert "estimate" not in RUN_OPTIONS["--trial-timeout"].runners.names
     run = build_parser().parse_args(["run", "--model", "qwen2.5-7b", "--gpus", "8"])
     assert run.confirm_top == 3 and run.trial_timeout == 1800.0
+
+
+# --------------------------------------------------------------------------------------------
+# Leaderboard cells (tuner.cells, results.row_problem: the check every command that takes a CSV
+# runs first)
+# --------------------------------------------------------------------------------------------
+
+CELLS: list[tuple[str, str, str]] = [
+    ("ppo_max_token_len_per_gpu", "15360.5", "'15360.5' is not a whole number"),
+    ("use_dynamic_bsz", "maybe", "'maybe' is not true or false"),
+    ("sequence_parallel", "yes", "'yes' is not true or false"),
+    ("tp", "2.5", "'2.5' is not a whole number"),
+    ("tokens_per_s_per_gpu", "-5", "'-5' is negative"),
+    ("step_s", "-0.5", "'-0.5' is negative"),
+    ("num_gpus", "0", "'0' is below 1"),
+    ("n", "0", "'0' is below 1"),
+    ("status", "okk", "status 'okk' is not one of ok, oom, failed"),
+    ("status", "", "status '' is not one of ok"),
+    ("schema_version", "9", "schema_version '9' is not one this verl-tuner reads (1, 2, 3)"),
+]
+"""(column, cell, what the refusal says of it): a cell of the first row of a real leaderboard."""
+
+
+@pytest.mark.parametrize("command", ["show", "export", "plot", "report", "calibrate", "run"])
+@pytest.mark.parametrize(
+    ("column", "value", "fragment"), CELLS, ids=[f"{c}={v}" for c, v, _ in CELLS]
+)
+def test_an_impossible_leaderboard_cell_is_refused_by_every_command(
+    command: str,
+    column: str,
+    value: str,
+    fragment: str,
+    leaderboards: Path,  # noqa: F811
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`tune show` showed a row of negative throughput, 0 GPUs, an unknown status or schema as
+    if true; `--candidates-from` read `15360.5` as 15360, `maybe` as false and `yes` as true.
+    Each command that takes a leaderboard refuses the row, naming its line and cell."""
+    argv = {
+        "calibrate": ["calibrate", "bad.csv", "--dry-run"],
+        "run": [*R, "--candidates-from", "bad.csv"],
+    }.get(command, [command, "bad.csv"])
+    setup = _cell("bad.csv", column, value)
+    said = fragment if fragment.startswith(column) else f"{column} {fragment}"
+    line = _assert_refused(
+        argv, f"bad.csv line 2: {said}", setup, leaderboards, workdir, monkeypatch, capsys
+    )
+    assert line.endswith(("delete that row", "or fix the cell")), line
+
+
+def test_a_candidate_read_from_a_row_reads_each_cell_strictly() -> None:
+    """Candidate.from_record (export, --candidates-from, recipes) read `15360.5` as 15360 and
+    any switch but true/1/yes as false; it reads a whole number written as `4.0` as 4."""
+    from tuner.cells import cell_value
+    from tuner.space import Candidate, ParallelLayout
+
+    row = {
+        k: str(v) for k, v in Candidate(layout=ParallelLayout(world=8, tp=2)).to_record().items()
+    }
+    assert Candidate.from_record(row, 8).layout.tp == 2
+    for column, cell, why in (
+        ("ppo_max_token_len_per_gpu", "15360.5", "not a whole number"),
+        ("use_dynamic_bsz", "maybe", "not true or false"),
+        ("sequence_parallel", "yes", "not true or false"),
+        ("tp", "nan", "not a finite number"),
+    ):
+        with pytest.raises(ValueError, match=f"column {column}: '{cell}' is {why}"):
+            Candidate.from_record({**row, column: cell}, 8)
+    assert (
+        Candidate.from_record({**row, "tp": "2.0", "sequence_parallel": "TRUE"}, 8).layout.tp == 2
+    )
+    assert [cell_value(t, bool) for t in ("True", "false", "1", "0")] == [True, False, True, False]

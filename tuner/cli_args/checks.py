@@ -192,7 +192,7 @@ def check_leaderboard(
     that lost cells), and in ours a whole-number `trial` in every row. `needs_ours`: what the
     command does with it, where a published reference CSV cannot serve (`tune export`).
     Returns the rows (our column names)."""
-    from tuner.results import is_reference, read_rows
+    from tuner.results import is_reference, read_rows, row_problem
 
     data = read_input(path, flag, CSV_MAX_BYTES)
     if b"\0" in data:
@@ -216,22 +216,28 @@ def check_leaderboard(
                 f"{path} line {i}: trial {shown(trial)} is not a whole number: fix or delete "
                 "that row"
             )
-        for col in numeric.intersection(r):
-            text = (r[col] or "").strip()
-            if not text:
-                continue
-            try:
-                finite = math.isfinite(float(text))
-            except ValueError:
-                if not ours:
-                    continue  # the published files' notes ("OOM", "/") are read as no number
-                finite = False
-            if not finite:
-                raise UserError(
-                    f"{path} line {i}: {col} {shown(text)} is not a finite number: fix the "
-                    "cell or delete that row"
-                )
+        # ours: every cell as its column's type, a known schema and status, no impossible
+        # number (results.row_problem); the published files' numbers finite and not negative
+        why = row_problem(r) if ours else _reference_problem(r, numeric)
+        if why:
+            raise UserError(f"{path} line {i}: {why}")
     return rows
+
+
+def _reference_problem(row: dict[str, str], numeric: frozenset[str]) -> str | None:
+    """A published reference row's number that is not finite, or negative; their notes in a
+    numeric column ("OOM", "/") are read as no number."""
+    for col in numeric.intersection(row):
+        text = (row[col] or "").strip()
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        if not math.isfinite(value):
+            return f"{col} {shown(text)} is not a finite number: fix the cell or delete that row"
+        if value < 0:
+            return f"{col} {shown(text)} is negative: fix the cell or delete that row"
+    return None
 
 
 def _check_csv_shape(data: bytes, path: Path) -> list[str]:

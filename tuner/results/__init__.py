@@ -18,6 +18,7 @@ from tuner.results.files import (
     upsert_row,
 )
 from tuner.results.record import (
+    AT_LEAST_ONE,
     BOTH_PHASES_MFU,
     COLUMN_TYPES,
     COLUMNS,
@@ -32,6 +33,7 @@ from tuner.results.record import (
     number,
     parse_extra,
     row_of,
+    row_problem,
     upgrade_row,
 )
 from tuner.results.result import Status, TrialResult
@@ -48,6 +50,7 @@ from tuner.results.table import (
 )
 
 __all__ = [
+    "AT_LEAST_ONE",
     "BOTH_PHASES_MFU",
     "COLUMN_TYPES",
     "COLUMNS",
@@ -79,6 +82,7 @@ __all__ = [
     "read_raw",
     "read_rows",
     "row_of",
+    "row_problem",
     "text_table",
     "upgrade_row",
     "upsert_row",
