@@ -5,6 +5,7 @@ says what to change, and no file written; each fails on the code before the fix.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -285,3 +286,69 @@ def test_a_candidate_read_from_a_row_reads_each_cell_strictly() -> None:
         Candidate.from_record({**row, "tp": "2.0", "sequence_parallel": "TRUE"}, 8).layout.tp == 2
     )
     assert [cell_value(t, bool) for t in ("True", "false", "1", "0")] == [True, False, True, False]
+
+
+# --------------------------------------------------------------------------------------------
+# Storage URLs (cli_args.check_storage_url)
+# --------------------------------------------------------------------------------------------
+
+STORAGES: list[tuple[str, str, str]] = [
+    ("sqlite-query", "sqlite:///x.db?mode=ro", "SQLAlchemy reads ?mode=ro as SQLite options"),
+    ("sqlite-uri", "sqlite:///x.db?mode=ro&uri=true", "reads ?mode=ro&uri=true as SQLite"),
+    ("path-query", "x.db?immutable=1", "reads ?immutable=1 as SQLite options and opens x.db"),
+    ("sqlite-escape", "sqlite:///a%20b.db", "unescapes the % in it and opens a b.db"),
+    ("path-escape", "a%41.db", "opens aA.db, not a%41.db"),
+    ("newline-url", "sqlite:///a\nb.db", "holds the control character '\\n'"),
+    ("tab-path", "a\tb.db", "holds the control character '\\t'"),
+    ("escape-journal", "j\x1b[2J.log", "holds the control character '\\x1b'"),
+    ("delete-server", "postgresql://u@localhost:1/d\x7fb", "holds the control character '\\x7f'"),
+    (
+        "pg-read-only",
+        "postgresql://u:s3cret@localhost:1/db?target_session_attrs=read-only",
+        "target_session_attrs=read-only opens a read-only session",
+    ),
+    (
+        "pg-standby",
+        "postgresql://u@localhost:1/db?target_session_attrs=standby",
+        "target_session_attrs=standby opens a read-only session",
+    ),
+    (
+        "pg-read-only-option",
+        "postgresql://u@localhost:1/db?options=-c%20default_transaction_read_only%3Don",
+        "options=-c default_transaction_read_only=on opens a read-only session",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"), [s[1:] for s in STORAGES], ids=[s[0] for s in STORAGES]
+)
+def test_a_storage_tune_would_read_otherwise_is_refused(
+    url: str,
+    fragment: str,
+    leaderboards: Path,  # noqa: F811
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`sqlite:///x.db?mode=ro` was written anyway (SQLAlchemy opened x.db) beside a lock named
+    after the query; a control character made a file of that name; a PostgreSQL URL asking
+    for a read-only session failed at the study's first write. Refused before anything is
+    opened: not even an empty lock is left."""
+    before = set(os.listdir(workdir))
+    line = _assert_refused(
+        [*R, "--storage", url], fragment, _none, leaderboards, workdir, monkeypatch, capsys
+    )
+    assert set(os.listdir(workdir)) == before | set(os.listdir(leaderboards))  # no lock either
+    assert "s3cret" not in line
+
+
+def test_a_storage_that_is_only_read_may_ask_for_a_read_only_session(workdir: Path) -> None:
+    """`tune report` reads the storage: a read-only session is what it needs."""
+    from tuner.cli_args import check_storage_url
+
+    url = "postgresql://u@h/db?target_session_attrs=read-only"
+    assert check_storage_url(url, writes=False) is None
+    assert check_storage_url("sqlite:///x.db") == Path("x.db")
+    assert check_storage_url("postgresql://u@h/db?sslmode=require") is None  # not read-only
+    assert check_storage_url("j?.log") == Path("j?.log")  # a journal is opened as a file

@@ -367,19 +367,32 @@ driver may follow after `+`: postgresql+psycopg2://)."""
 _URL_LIKE = re.compile(r"([A-Za-z][A-Za-z0-9+]*):/{0,2}(.*)", re.DOTALL)
 
 
-def check_storage_url(text: str, flag: str = "--storage") -> Path | None:
+def check_storage_url(text: str, flag: str = "--storage", *, writes: bool = True) -> Path | None:
     """The form of a `--storage` value, before anything opens it: a URL of a database scheme
     SQLAlchemy knows (`ftp://` was tried as a SQLAlchemy plugin and failed with 'move the file
     aside'), a SQLite URL naming a file (`sqlite://` alone is an in-memory database that keeps
     nothing; `sqlite://x.db` names a host), or a file path that is not a URL missing its `//`
-    (`sqlite:x.db` became a SQLite file of that name). Returns the storage file of a path or
-    a sqlite:/// URL, None for a server's URL."""
+    (`sqlite:x.db` became a SQLite file of that name). No control character (a file was made
+    of `a<newline>b.db`); a SQLite file the name of the one SQLAlchemy opens
+    (`_sqlite_file_problem`); and where the command writes (`writes`), no server URL that asks
+    for a read-only session. Returns the storage file of a path or a sqlite:/// URL, None for a
+    server's URL."""
+    odd = next((ch for ch in text if not ch.isprintable()), None)
+    if odd is not None:
+        raise UserError(
+            f"{flag} {shown(text)} holds the control character {odd!r}: write the storage "
+            "without it (a file name made of it cannot be typed back)"
+        )
     if "://" not in text:
         m = _URL_LIKE.fullmatch(text)
         scheme = m.group(1).lower().split("+")[0] if m else ""
         if m and (scheme in STORAGE_SCHEMES or scheme == "postgres"):
             fix = f"sqlite:///{m.group(2)}" if scheme == "sqlite" else f"{m.group(1)}://..."
             raise UserError(f"{flag} {text} is a URL without its //: write {fix}")
+        from tuner.study.storage.urls import JOURNAL_SUFFIXES
+
+        if Path(text).suffix not in JOURNAL_SUFFIXES:  # opened as sqlite:///<it>
+            _sqlite_file_problem(text, text, flag)
         return Path(text)
     scheme, rest = text.split("://", 1)
     base = scheme.lower().split("+")[0]
@@ -391,6 +404,8 @@ def check_storage_url(text: str, flag: str = "--storage") -> Path | None:
             "(*.log: a journal file)"
         )
     if base != "sqlite":
+        if writes:
+            _read_only_problem(text, flag)
         return None
     if rest == "":
         rest = "/"  # sqlite:// alone: SQLAlchemy's in-memory database, as sqlite:///:memory:
@@ -405,7 +420,54 @@ def check_storage_url(text: str, flag: str = "--storage") -> Path | None:
             f"{flag} {text} is an in-memory database, which keeps nothing once tune exits: "
             "write sqlite:///<file>"
         )
+    _sqlite_file_problem(path, text, flag)
     return Path(path)
+
+
+def _sqlite_file_problem(path: str, text: str, flag: str) -> None:
+    """UserError where SQLAlchemy would open another file than `path`, the one tune checks,
+    locks and records: a `?` starts the URL's query (`sqlite:///x.db?mode=ro` opened x.db, and
+    wrote it, beside a lock named `x.db?mode=ro.lock`), a `%XX` is unescaped (`a%20b.db` opened
+    `a b.db`). SQLite's URL options (mode=ro, immutable) would also open a storage tune must
+    write read-only."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(f"sqlite:///{path}")
+    if url.query:
+        options = "&".join(f"{k}={v}" for k, v in url.query.items())
+        raise UserError(
+            f"{flag} {text}: SQLAlchemy reads ?{options} as SQLite options and opens "
+            f"{url.database}, not the file tune checks and locks; tune writes its study "
+            f"there, so write the file alone: sqlite:///{url.database}"
+        )
+    if url.database != path:
+        raise UserError(
+            f"{flag} {text}: SQLAlchemy unescapes the % in it and opens {url.database}, not "
+            f"{path}: name a file without %XX"
+        )
+
+
+READ_ONLY_SESSIONS = ("read-only", "standby", "prefer-standby")
+"""PostgreSQL's (libpq's) `target_session_attrs` values that connect to a server, or a session,
+that cannot write."""
+_READ_ONLY_SETTING = re.compile(r"\b(?:default_)?transaction_read_only\s*=\s*(on|true|yes|1)\b")
+"""A `-c` setting of libpq's `options` that makes every transaction read-only."""
+
+
+def _read_only_problem(text: str, flag: str) -> None:
+    """UserError where a server URL's query asks for a read-only session: tune writes its
+    study's trials to the storage, so every write would fail once the study starts."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    for key, value in parse_qsl(urlsplit(text).query):
+        low = value.strip().lower()
+        if (key.lower() == "target_session_attrs" and low in READ_ONLY_SESSIONS) or (
+            key.lower() == "options" and _READ_ONLY_SETTING.search(low)
+        ):
+            raise UserError(
+                f"{flag} {text}: {key}={value} opens a read-only session, and tune writes its "
+                f"study to the storage: leave {key} out"
+            )
 
 
 def check_stored_storage(text: str, flag: str = "--storage") -> Path | None:
@@ -413,7 +475,7 @@ def check_stored_storage(text: str, flag: str = "--storage") -> Path | None:
     URL, or a file that is there and is an Optuna storage. An empty or missing file was
     opened all the same, and Optuna created its tables in it. Returns the file, None for a
     server's URL (check_storage_url)."""
-    path = check_storage_url(text, flag)
+    path = check_storage_url(text, flag, writes=False)
     if path is not None:
         check_existing_storage(path, flag)
     return path
