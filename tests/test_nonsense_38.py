@@ -352,3 +352,17 @@ def test_a_storage_that_is_only_read_may_ask_for_a_read_only_session(workdir: Pa
     assert check_storage_url("sqlite:///x.db") == Path("x.db")
     assert check_storage_url("postgresql://u@h/db?sslmode=require") is None  # not read-only
     assert check_storage_url("j?.log") == Path("j?.log")  # a journal is opened as a file
+
+
+def test_a_results_folder_whose_storage_sqlalchemy_reads_otherwise_is_refused(
+    leaderboards: Path,  # noqa: F811
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The default storage, <results-dir>/studies.sqlite3, is opened by a sqlite:/// URL too:
+    `--results-dir r%41` wrote its storage into rA/."""
+    argv = [*R, "--results-dir", "r%41"]
+    fragment = "--results-dir (its studies.sqlite3) r%41/studies.sqlite3: SQLAlchemy unescapes"
+    _assert_refused(argv, fragment, _none, leaderboards, workdir, monkeypatch, capsys)
+    assert not (workdir / "rA").exists() and not (workdir / "r%41").exists()

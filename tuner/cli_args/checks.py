@@ -331,7 +331,11 @@ def _check_leaderboards(args: argparse.Namespace) -> list[dict[str, str]]:
 def _check_run(args: argparse.Namespace) -> None:
     check_writable_dir(args.results_dir, "--results-dir")
     check_writable_dir(args.recipes_dir, "--recipes-dir")
-    path = check_storage_url(args.storage) if args.storage else args.results_dir / "studies.sqlite3"
+    if args.storage:
+        path = check_storage_url(args.storage)
+    else:  # the default storage, results/studies.sqlite3, is opened by a sqlite:/// URL too
+        default = str(args.results_dir / "studies.sqlite3")
+        path = check_storage_url(default, "--results-dir (its studies.sqlite3)")
     if path is not None:
         check_writable_file(path, "--storage")
         _check_storage_kind(path)
