@@ -1616,7 +1616,7 @@ AUDIT_CASES: list[tuple[str, list[str], str, Setup]] = [
     (
         "profile-negative",
         [*R, "--profile", "p.json"],
-        "collective_latency_s must be >= 0",
+        "collective_latency_s -1 is outside 1e-06..0.001 (the range the cost model takes)",
         _profile(collective_latency_s=-1),
     ),
     (

@@ -5,6 +5,7 @@ says what to change, and no file written; each fails on the code before the fix.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tests.test_bad_input import (
     _cell,
     _config,
     _config_json,
+    _file,
     _none,
     leaderboards,  # noqa: F401  (a fixture of that module, used here by name)
 )
@@ -366,3 +368,44 @@ def test_a_results_folder_whose_storage_sqlalchemy_reads_otherwise_is_refused(
     fragment = "--results-dir (its studies.sqlite3) r%41/studies.sqlite3: SQLAlchemy unescapes"
     _assert_refused(argv, fragment, _none, leaderboards, workdir, monkeypatch, capsys)
     assert not (workdir / "rA").exists() and not (workdir / "r%41").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Profile constants (estimate.profile.RANGES)
+# --------------------------------------------------------------------------------------------
+
+
+def _constants() -> list[str]:
+    from dataclasses import fields
+
+    from tuner.estimate.profile import Profile
+
+    return [f.name for f in fields(Profile)]
+
+
+@pytest.mark.parametrize("value", [1e300, -1.0, 0.0])
+@pytest.mark.parametrize("constant", _constants())
+def test_every_profile_constant_is_in_its_range(
+    constant: str,
+    value: float,
+    leaderboards: Path,  # noqa: F811
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """collective_latency_s, the one constant `tune calibrate` does not fit, had no upper
+    bound: 1e300 was printed as a 300-digit step time. Every constant has a range now, and the
+    default profile file (results/calibration.json) is read by the same check."""
+    text = json.dumps({"schema": 2, "constants": {constant: value}})
+    setup = _file("results/calibration.json", text)
+    fragment = f"results/calibration.json: {constant} {value:g} is outside"
+    _assert_refused(E, fragment, setup, leaderboards, workdir, monkeypatch, capsys)
+
+
+def test_each_constant_has_a_range_holding_its_default() -> None:
+    from tuner.estimate.profile import RANGES, Profile
+
+    assert set(RANGES) == set(_constants())
+    assert all(lo <= getattr(Profile(), k) <= hi for k, (lo, hi) in RANGES.items())
+    with pytest.raises(ValueError, match="must be finite"):
+        Profile(collective_latency_s=float("inf"))
