@@ -409,3 +409,56 @@ def test_each_constant_has_a_range_holding_its_default() -> None:
     assert all(lo <= getattr(Profile(), k) <= hi for k, (lo, hi) in RANGES.items())
     with pytest.raises(ValueError, match="must be finite"):
         Profile(collective_latency_s=float("inf"))
+
+
+# --------------------------------------------------------------------------------------------
+# tune estimate's outputs (estimate.report_text.out_of_range)
+# --------------------------------------------------------------------------------------------
+
+ESTIMATES: list[tuple[str, list[str]]] = [
+    ("response-1m", ["--response-len", "1048576"]),
+    ("response-1m-json", ["--response-len", "1048576", "--json"]),
+    ("prompt-1m", ["--prompt-len", "1048576"]),
+    ("no-kv-room", ["--response-len", "262144", "--gpu-memory-utilization", "0.1"]),
+    ("rollout-tp2", ["--response-len", "1048576", "--rollout-tp", "2"]),
+]
+
+
+@pytest.mark.parametrize("extra", [e[1] for e in ESTIMATES], ids=[e[0] for e in ESTIMATES])
+def test_an_estimate_with_no_finite_step_is_refused(
+    extra: list[str],
+    leaderboards: Path,  # noqa: F811
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`tune estimate --response-len 1048576` printed `inf s` and a negative KV cache with exit
+    0: it does not fit, and the line says why and what to change."""
+    line = _assert_refused(
+        [*E, *extra], "does not fit and has no step time to print (", _none, leaderboards,
+        workdir, monkeypatch, capsys,
+    )  # fmt: skip
+    assert "vLLM's KV cache would be" in line and "lower --response-len" in line, line
+    assert "inf s" not in line
+
+
+def test_every_printed_estimate_is_finite_and_not_negative() -> None:
+    """out_of_range finds any value that is not a finite number of 0 or more, in the phases and
+    in the memory breakdown; a configuration that only overflows the GPU is still printed."""
+    from tuner.estimate import estimate
+    from tuner.estimate.report_text import out_of_range
+    from tuner.hardware import Cluster, get_gpu
+    from tuner.models import get_model
+    from tuner.space import Candidate, ParallelLayout
+    from tuner.workload import get_workload
+
+    m, cl = get_model("qwen2.5-7b"), Cluster(gpu=get_gpu("h100"), num_gpus=8)
+    c = Candidate(layout=ParallelLayout(world=8, tp=2))
+    for response, printed in ((8192, True), (65536, True), (1 << 20, False)):
+        w = get_workload("dapo-math").with_overrides(response_len=response)
+        e = estimate(c, m, cl, w)
+        assert (out_of_range(e, c, m, cl, w) == "") is printed, response
+    w = get_workload("dapo-math")
+    e = estimate(c, m, cl, w)
+    bad = dataclasses.replace(e, memory=dataclasses.replace(e.memory, logits_gib=-1.0))
+    assert "logits_gib -1.0" in out_of_range(bad, c, m, cl, w)
