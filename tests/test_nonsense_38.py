@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_bad_input import (
+    GOOD,
     Setup,
     _assert_refused,
     _cell,
@@ -462,3 +463,54 @@ def test_every_printed_estimate_is_finite_and_not_negative() -> None:
     e = estimate(c, m, cl, w)
     bad = dataclasses.replace(e, memory=dataclasses.replace(e.memory, logits_gib=-1.0))
     assert "logits_gib -1.0" in out_of_range(bad, c, m, cl, w)
+
+
+# --------------------------------------------------------------------------------------------
+# tune show's filters (leaderboard.select)
+# --------------------------------------------------------------------------------------------
+
+FILTERS: list[tuple[str, list[str], str]] = [
+    ("gpu-trailing-x", ["--gpu", "h100x"], "--gpu 'h100x': write a GPU kind (h100, h200"),
+    ("gpu-unknown", ["--gpu", "h300"], "--gpu 'h300': write a GPU kind (h100, h200"),
+    ("gpu-zero", ["--gpu", "h100x0"], "a count of 1 or more"),
+    ("gpu-typo", ["--gpu", "h10O"], "--gpu 'h10O'"),
+    ("model-absent", ["--model", "qwen3"], "--model 'qwen3': no row's model holds that text"),
+    ("model-blank", ["--model", " "], "models here (qwen2.5-7b)"),
+    ("status-typo", ["--status", "okk"], "--status okk: use one of ok, oom"),
+    ("status-empty", ["--status", ","], "--status ',': use one of ok"),
+    ("source-typo", ["--source", "estimat"], "--source estimat: use one of estimate, megatron"),
+    ("source-one-typo", ["--source", "verl,megatorn"], "--source megatorn: use one of"),
+]
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"), [f[1:] for f in FILTERS], ids=[f[0] for f in FILTERS]
+)
+def test_a_misspelt_show_filter_is_refused(
+    flags: list[str],
+    fragment: str,
+    leaderboards: Path,  # noqa: F811
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`tune show --gpu h100x` (and a source, a model text that no row can match) printed an
+    empty table with exit 0, where `--status okk` was refused."""
+    argv = ["show", GOOD, *flags]
+    _assert_refused(argv, fragment, _none, leaderboards, workdir, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize(
+    "flags", [["--gpu", "h200"], ["--gpu", "h100x16"], ["--source", "verl"], ["--status", "oom"]]
+)
+def test_a_valid_filter_that_leaves_no_row_is_an_empty_table(
+    flags: list[str],
+    leaderboards: Path,  # noqa: F811
+    workdir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tuner.cli import main
+
+    assert main(["show", str(leaderboards / GOOD), *flags]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("trial"), out  # the header alone

@@ -36,7 +36,7 @@ from tuner.results.record import (
     row_problem,
     upgrade_row,
 )
-from tuner.results.result import Status, TrialResult
+from tuner.results.result import ROW_SOURCES, Status, TrialResult
 from tuner.results.table import (
     HIGHER_IS_BETTER,
     SHORT_NAMES,
@@ -60,6 +60,7 @@ __all__ = [
     "OLD_LOG_PROB_RUN",
     "PRED_COLUMNS",
     "READ_VERSIONS",
+    "ROW_SOURCES",
     "SCHEMA_VERSION",
     "SHORT_NAMES",
     "SHOW_COLUMNS",
