@@ -7,6 +7,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -514,3 +517,79 @@ def test_a_valid_filter_that_leaves_no_row_is_an_empty_table(
     assert main(["show", str(leaderboards / GOOD), *flags]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith("trial"), out  # the header alone
+
+
+# --------------------------------------------------------------------------------------------
+# One case of each class through the `tune` command itself
+# --------------------------------------------------------------------------------------------
+
+PROFILE_1E300 = json.dumps({"schema": 2, "constants": {"collective_latency_s": 1e300}})
+COMMANDS: list[tuple[str, list[str], dict[str, str], str]] = [
+    ("ffn-width", [*EC, "--layout", "tp2"], {"config.json": _config(intermediate_size=513)},
+     "tp(2) does not divide the MLP width (intermediate_size), 513"),
+    ("vocab", [*EC, "--layout", "tp2"], {"config.json": _config(vocab_size=1)},
+     "vocab_size is 1, outside 256.."),
+    ("dense-etp", [*E[:-1], "tp2etp2"], {}, "etp(2) > 1 on a dense model"),
+    ("confirm-top", [*R, "--runner", "estimate", "--confirm-top", "5"], {},
+     "--confirm-top applies to --runner ladder only"),
+    ("cell-negative", ["show", "bad.csv"], {"bad.csv": "tokens_per_s_per_gpu=-5"},
+     "bad.csv line 2: tokens_per_s_per_gpu '-5' is negative"),
+    ("cell-maybe", [*R, "--candidates-from", "bad.csv"], {"bad.csv": "use_dynamic_bsz=maybe"},
+     "bad.csv line 2: use_dynamic_bsz 'maybe' is not true or false"),
+    ("storage-query", [*R, "--storage", "sqlite:///x.db?mode=ro"], {},
+     "SQLAlchemy reads ?mode=ro as SQLite options"),
+    ("storage-control", [*R, "--storage", "a\x01b.db"], {}, "holds the control character"),
+    ("profile-1e300", [*E, "--profile", "p.json"], {"p.json": PROFILE_1E300},
+     "collective_latency_s 1e+300 is outside 1e-06..0.001"),
+    ("estimate-inf", [*E, "--response-len", "1048576"], {},
+     "does not fit and has no step time to print"),
+    ("show-gpu", ["show", "lb.csv", "--gpu", "h100x"], {}, "--gpu 'h100x': write a GPU kind"),
+]  # fmt: skip
+"""(id, argv, files to set up, fragment): `bad.csv` is the real leaderboard with its first row's
+cell set (`column=value`); every case also has lb.csv, the real leaderboard."""
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "files", "fragment"), [c[1:] for c in COMMANDS], ids=[c[0] for c in COMMANDS]
+)
+def test_tune_refuses_each_class_with_one_line_and_writes_nothing(
+    argv: list[str],
+    files: dict[str, str],
+    fragment: str,
+    leaderboards: Path,  # noqa: F811
+    workdir: Path,
+) -> None:
+    """`tune` (python -m tuner, as the console script runs it) ends with exit code 2, one line on
+    stderr, and leaves the folder as it was: no results/, no storage, no lock."""
+    import csv
+
+    shutil.copy(leaderboards / GOOD, workdir / "lb.csv")
+    for name, text in files.items():
+        if name == "bad.csv":
+            column, value = text.split("=", 1)
+            with open(leaderboards / GOOD, newline="") as f:
+                rows = list(csv.DictReader(f))
+            rows[0][column] = value
+            with open(workdir / name, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+        else:
+            (workdir / name).write_text(text)
+    before = _tree(workdir)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run(
+        [sys.executable, "-m", "tuner", *argv],
+        capture_output=True, text=True, timeout=120, cwd=workdir, env=env,
+    )  # fmt: skip
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("tune: error: "), lines
+    assert fragment in lines[0], lines[0]
+    assert _tree(workdir) == before
