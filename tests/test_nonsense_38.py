@@ -188,6 +188,16 @@ OPTION_CASES: list[tuple[str, list[str], str]] = [
         [*E, "--micro-batch", "2", "--logprob-max-token-len", "20000"],
         "--logprob-max-token-len 20000 is a dynamic-batching token budget",
     ),
+    (
+        "estimate-no-sp-at-tp1",
+        [*E[:-1], "dp8", "--no-sequence-parallel"],
+        "--no-sequence-parallel with layout dp8 (tp 1): sequence parallelism needs tp > 1",
+    ),
+    (
+        "calibrate-out-dry-run",
+        ["calibrate", GOOD, "--dry-run", "--out", "p.json"],
+        "--out p.json names where the profile is written, and --dry-run writes none",
+    ),
 ]
 
 
@@ -203,8 +213,9 @@ def test_an_option_that_would_do_nothing_is_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`--confirm-top` outside the ladder, `--trial-timeout` with the estimator (it launches
-    nothing) and `tune estimate`'s token budgets with `--micro-batch` (dynamic batching off)
-    were ignored without a word."""
+    nothing), `tune estimate`'s token budgets with `--micro-batch` (dynamic batching off) and
+    its `--no-sequence-parallel` at tp 1, and `tune calibrate --out` with `--dry-run` were
+    ignored without a word."""
     _assert_refused(argv, fragment, _none, leaderboards, workdir, monkeypatch, capsys)
 
 

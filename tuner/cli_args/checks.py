@@ -555,6 +555,11 @@ def _check_calibrate(args: argparse.Namespace) -> None:
         from tuner.hardware import get_gpu
 
         get_gpu(args.gpu)
+    if args.dry_run and args.out is not None:  # nothing is written: --out would do nothing
+        raise UserError(
+            f"--out {args.out} names where the profile is written, and --dry-run writes none: "
+            "pass one of them"
+        )
     if not args.dry_run:
         from tuner.estimate.profile import DEFAULT_PROFILE_PATH
 
