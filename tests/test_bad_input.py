@@ -1215,15 +1215,19 @@ def test_length_sampler_is_fast_for_any_cap() -> None:
 
 def test_estimate_json_is_json(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`tune estimate --json` of a configuration that cannot fit printed `"step_s": Infinity`,
-    which strict JSON readers refuse: null instead."""
+    which strict JSON readers refuse. A step that is not finite is now no estimate at all (exit
+    2, one line: tests/test_nonsense_38.py); one that does not fit in memory prints strict JSON."""
     argv = [*E, "--layout", "tp2", "--response-len", "1000000", "--json"]
+    assert _within(SECONDS, main, argv) == 2
+    assert "does not fit and has no step time" in capsys.readouterr().err
+    argv = [*E, "--layout", "tp2", "--response-len", "65536", "--json"]
     assert _within(SECONDS, main, argv) == 0
 
     def refuse(name: str) -> None:
         raise ValueError(f"{name} in the output")
 
     d = json.loads(capsys.readouterr().out, parse_constant=refuse)
-    assert d["step_s"] is None
+    assert d["fits"] is False and d["step_s"] > 0
 
 
 def test_no_layout_fits_is_exit_2(
@@ -1621,7 +1625,7 @@ AUDIT_CASES: list[tuple[str, list[str], str, Setup]] = [
     (
         "profile-negative",
         [*R, "--profile", "p.json"],
-        "collective_latency_s must be >= 0",
+        "collective_latency_s -1 is outside 1e-06..0.001 (the range the cost model takes)",
         _profile(collective_latency_s=-1),
     ),
     (

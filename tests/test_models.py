@@ -88,7 +88,7 @@ def test_qk_layernorm_only_where_the_model_has_it(tmp_path: Path) -> None:
         "intermediate_size": 128,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "vocab_size": 100,
+        "vocab_size": 1000,
     }
     assert not get_model(
         str(_write(_mk(tmp_path / "a"), {**base, "model_type": "qwen2"}))
@@ -125,7 +125,7 @@ def test_one_flops_formula() -> None:
         ),
         (
             '{"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 3, '
-            '"num_key_value_heads": 2, "vocab_size": 10, "intermediate_size": 4}',
+            '"num_key_value_heads": 2, "vocab_size": 1000, "intermediate_size": 4}',
             "multiple",
         ),
     ],

@@ -317,6 +317,10 @@ RULE_CASES: dict[str, tuple[str, int, dict[str, Any]]] = {
     ),
     "dense_no_ep": ("qwen2.5-7b", 8, dict(layout=ParallelLayout(world=8, ep=2))),
     "ep_experts": ("qwen3-30b-moe", 24, dict(layout=ParallelLayout(world=24, ep=3))),
+    # 18944 = 2^9 x 37: tp 3 splits no MLP (nor the 28 heads); 768 = 2^8 x 3: etp 5 no expert
+    "tp_ffn": ("qwen2.5-7b", 24, dict(layout=ParallelLayout(world=24, tp=3))),
+    "etp_ffn": ("qwen3-30b-moe", 40, dict(layout=ParallelLayout(world=40, etp=5))),
+    "dense_no_etp": ("qwen2.5-7b", 8, dict(layout=ParallelLayout(world=8, tp=2, etp=2))),
     "mini_batch_dp": ("qwen2.5-7b", 24, dict()),
     "sp_needs_tp": ("qwen2.5-7b", 8, dict(sequence_parallel=True)),
     "moe_tp_needs_sp": ("qwen3-30b-moe", 16, dict(layout=ParallelLayout(world=16, tp=2, ep=8))),

@@ -403,11 +403,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from tuner.cli_args import finite_json
     from tuner.cli_request import build_candidate, build_setup
     from tuner.estimate import estimate, load_profile
-    from tuner.estimate.report_text import format_estimate
+    from tuner.estimate.report_text import format_estimate, out_of_range
 
     s = build_setup(args)
     c = build_candidate(args, s)
     e = estimate(c, s.model, s.cluster, s.workload, load_profile(args.profile))
+    why = out_of_range(e, c, s.model, s.cluster, s.workload)
+    if why:  # an infinite step or a negative KV cache is no estimate to print
+        raise UserError(why)
     if args.json:
         print(json.dumps(finite_json(e.as_dict()), default=float, allow_nan=False))
     else:

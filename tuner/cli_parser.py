@@ -259,10 +259,10 @@ def build_parser() -> OneLineParser:
         default=None,
         help=f"stop starting trials after this many seconds ({STUDY_SECONDS.text}; default: none)",
     )
-    g.add_argument(
+    _add_run_option(
+        g,
         "--trial-timeout",
         type=real_in(TRIAL_SECONDS),
-        default=1800.0,
         help="seconds one launched trial may run before it ends as `timeout` "
         f"({TRIAL_SECONDS.text}; default 1800)",
     )
@@ -275,10 +275,10 @@ def build_parser() -> OneLineParser:
         "(rows source=megatron), real verl confirms the best (rows source=verl, the whole step; "
         "needs the verl runner's options) and the study learns each phase's verl/megatron ratio",
     )
-    g.add_argument(
+    _add_run_option(
+        g,
         "--confirm-top",
         type=positive_int,
-        default=3,
         help="--runner ladder: real verl confirms this many best screened candidates at the "
         "study's end, besides each screened one predicted (by the learned ratios) to beat the "
         "best confirmed, at once (default 3)",

@@ -209,6 +209,11 @@ def build_candidate(args: argparse.Namespace, setup: Setup) -> Candidate:
     from tuner.space import ParallelLayout, validate
 
     lay = ParallelLayout.parse(args.layout, setup.cluster.num_gpus, setup.model.num_layers)
+    if args.no_sequence_parallel and lay.tp == 1:  # it needs tp > 1: off already
+        raise UserError(
+            f"--no-sequence-parallel with layout {args.layout} (tp 1): sequence parallelism "
+            "needs tp > 1, so it is off already: leave the option out"
+        )
     seq = setup.workload.max_seq_len
     fixed = args.micro_batch is not None
     offload: dict[str, Any] = {"param_offload": args.offload, "optimizer_offload": args.offload}

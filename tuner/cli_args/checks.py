@@ -192,7 +192,7 @@ def check_leaderboard(
     that lost cells), and in ours a whole-number `trial` in every row. `needs_ours`: what the
     command does with it, where a published reference CSV cannot serve (`tune export`).
     Returns the rows (our column names)."""
-    from tuner.results import is_reference, read_rows
+    from tuner.results import is_reference, read_rows, row_problem
 
     data = read_input(path, flag, CSV_MAX_BYTES)
     if b"\0" in data:
@@ -216,22 +216,28 @@ def check_leaderboard(
                 f"{path} line {i}: trial {shown(trial)} is not a whole number: fix or delete "
                 "that row"
             )
-        for col in numeric.intersection(r):
-            text = (r[col] or "").strip()
-            if not text:
-                continue
-            try:
-                finite = math.isfinite(float(text))
-            except ValueError:
-                if not ours:
-                    continue  # the published files' notes ("OOM", "/") are read as no number
-                finite = False
-            if not finite:
-                raise UserError(
-                    f"{path} line {i}: {col} {shown(text)} is not a finite number: fix the "
-                    "cell or delete that row"
-                )
+        # ours: every cell as its column's type, a known schema and status, no impossible
+        # number (results.row_problem); the published files' numbers finite and not negative
+        why = row_problem(r) if ours else _reference_problem(r, numeric)
+        if why:
+            raise UserError(f"{path} line {i}: {why}")
     return rows
+
+
+def _reference_problem(row: dict[str, str], numeric: frozenset[str]) -> str | None:
+    """A published reference row's number that is not finite, or negative; their notes in a
+    numeric column ("OOM", "/") are read as no number."""
+    for col in numeric.intersection(row):
+        text = (row[col] or "").strip()
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        if not math.isfinite(value):
+            return f"{col} {shown(text)} is not a finite number: fix the cell or delete that row"
+        if value < 0:
+            return f"{col} {shown(text)} is negative: fix the cell or delete that row"
+    return None
 
 
 def _check_csv_shape(data: bytes, path: Path) -> list[str]:
@@ -325,7 +331,11 @@ def _check_leaderboards(args: argparse.Namespace) -> list[dict[str, str]]:
 def _check_run(args: argparse.Namespace) -> None:
     check_writable_dir(args.results_dir, "--results-dir")
     check_writable_dir(args.recipes_dir, "--recipes-dir")
-    path = check_storage_url(args.storage) if args.storage else args.results_dir / "studies.sqlite3"
+    if args.storage:
+        path = check_storage_url(args.storage)
+    else:  # the default storage, results/studies.sqlite3, is opened by a sqlite:/// URL too
+        default = str(args.results_dir / "studies.sqlite3")
+        path = check_storage_url(default, "--results-dir (its studies.sqlite3)")
     if path is not None:
         check_writable_file(path, "--storage")
         _check_storage_kind(path)
@@ -361,19 +371,32 @@ driver may follow after `+`: postgresql+psycopg2://)."""
 _URL_LIKE = re.compile(r"([A-Za-z][A-Za-z0-9+]*):/{0,2}(.*)", re.DOTALL)
 
 
-def check_storage_url(text: str, flag: str = "--storage") -> Path | None:
+def check_storage_url(text: str, flag: str = "--storage", *, writes: bool = True) -> Path | None:
     """The form of a `--storage` value, before anything opens it: a URL of a database scheme
     SQLAlchemy knows (`ftp://` was tried as a SQLAlchemy plugin and failed with 'move the file
     aside'), a SQLite URL naming a file (`sqlite://` alone is an in-memory database that keeps
     nothing; `sqlite://x.db` names a host), or a file path that is not a URL missing its `//`
-    (`sqlite:x.db` became a SQLite file of that name). Returns the storage file of a path or
-    a sqlite:/// URL, None for a server's URL."""
+    (`sqlite:x.db` became a SQLite file of that name). No control character (a file was made
+    of `a<newline>b.db`); a SQLite file the name of the one SQLAlchemy opens
+    (`_sqlite_file_problem`); and where the command writes (`writes`), no server URL that asks
+    for a read-only session. Returns the storage file of a path or a sqlite:/// URL, None for a
+    server's URL."""
+    odd = next((ch for ch in text if not ch.isprintable()), None)
+    if odd is not None:
+        raise UserError(
+            f"{flag} {shown(text)} holds the control character {odd!r}: write the storage "
+            "without it (a file name made of it cannot be typed back)"
+        )
     if "://" not in text:
         m = _URL_LIKE.fullmatch(text)
         scheme = m.group(1).lower().split("+")[0] if m else ""
         if m and (scheme in STORAGE_SCHEMES or scheme == "postgres"):
             fix = f"sqlite:///{m.group(2)}" if scheme == "sqlite" else f"{m.group(1)}://..."
             raise UserError(f"{flag} {text} is a URL without its //: write {fix}")
+        from tuner.study.storage.urls import JOURNAL_SUFFIXES
+
+        if Path(text).suffix not in JOURNAL_SUFFIXES:  # opened as sqlite:///<it>
+            _sqlite_file_problem(text, text, flag)
         return Path(text)
     scheme, rest = text.split("://", 1)
     base = scheme.lower().split("+")[0]
@@ -385,6 +408,8 @@ def check_storage_url(text: str, flag: str = "--storage") -> Path | None:
             "(*.log: a journal file)"
         )
     if base != "sqlite":
+        if writes:
+            _read_only_problem(text, flag)
         return None
     if rest == "":
         rest = "/"  # sqlite:// alone: SQLAlchemy's in-memory database, as sqlite:///:memory:
@@ -399,7 +424,54 @@ def check_storage_url(text: str, flag: str = "--storage") -> Path | None:
             f"{flag} {text} is an in-memory database, which keeps nothing once tune exits: "
             "write sqlite:///<file>"
         )
+    _sqlite_file_problem(path, text, flag)
     return Path(path)
+
+
+def _sqlite_file_problem(path: str, text: str, flag: str) -> None:
+    """UserError where SQLAlchemy would open another file than `path`, the one tune checks,
+    locks and records: a `?` starts the URL's query (`sqlite:///x.db?mode=ro` opened x.db, and
+    wrote it, beside a lock named `x.db?mode=ro.lock`), a `%XX` is unescaped (`a%20b.db` opened
+    `a b.db`). SQLite's URL options (mode=ro, immutable) would also open a storage tune must
+    write read-only."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(f"sqlite:///{path}")
+    if url.query:
+        options = "&".join(f"{k}={v}" for k, v in url.query.items())
+        raise UserError(
+            f"{flag} {text}: SQLAlchemy reads ?{options} as SQLite options and opens "
+            f"{url.database}, not the file tune checks and locks; tune writes its study "
+            f"there, so write the file alone: sqlite:///{url.database}"
+        )
+    if url.database != path:
+        raise UserError(
+            f"{flag} {text}: SQLAlchemy unescapes the % in it and opens {url.database}, not "
+            f"{path}: name a file without %XX"
+        )
+
+
+READ_ONLY_SESSIONS = ("read-only", "standby", "prefer-standby")
+"""PostgreSQL's (libpq's) `target_session_attrs` values that connect to a server, or a session,
+that cannot write."""
+_READ_ONLY_SETTING = re.compile(r"\b(?:default_)?transaction_read_only\s*=\s*(on|true|yes|1)\b")
+"""A `-c` setting of libpq's `options` that makes every transaction read-only."""
+
+
+def _read_only_problem(text: str, flag: str) -> None:
+    """UserError where a server URL's query asks for a read-only session: tune writes its
+    study's trials to the storage, so every write would fail once the study starts."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    for key, value in parse_qsl(urlsplit(text).query):
+        low = value.strip().lower()
+        if (key.lower() == "target_session_attrs" and low in READ_ONLY_SESSIONS) or (
+            key.lower() == "options" and _READ_ONLY_SETTING.search(low)
+        ):
+            raise UserError(
+                f"{flag} {text}: {key}={value} opens a read-only session, and tune writes its "
+                f"study to the storage: leave {key} out"
+            )
 
 
 def check_stored_storage(text: str, flag: str = "--storage") -> Path | None:
@@ -407,7 +479,7 @@ def check_stored_storage(text: str, flag: str = "--storage") -> Path | None:
     URL, or a file that is there and is an Optuna storage. An empty or missing file was
     opened all the same, and Optuna created its tables in it. Returns the file, None for a
     server's URL (check_storage_url)."""
-    path = check_storage_url(text, flag)
+    path = check_storage_url(text, flag, writes=False)
     if path is not None:
         check_existing_storage(path, flag)
     return path
@@ -461,6 +533,16 @@ def _check_export(args: argparse.Namespace) -> None:
 
 
 def _check_estimate(args: argparse.Namespace) -> None:
+    if args.micro_batch is not None:  # dynamic batching off: its token budgets do nothing
+        for flag, value in (
+            ("--max-token-len", args.max_token_len),
+            ("--logprob-max-token-len", args.logprob_max_token_len),
+        ):
+            if value is not None:
+                raise UserError(
+                    f"{flag} {value} is a dynamic-batching token budget, and --micro-batch "
+                    f"{args.micro_batch} turns dynamic batching off: pass one of them"
+                )
     if args.profile is not None:
         check_readable_file(args.profile, "--profile", JSON_MAX_BYTES)
 
@@ -473,6 +555,11 @@ def _check_calibrate(args: argparse.Namespace) -> None:
         from tuner.hardware import get_gpu
 
         get_gpu(args.gpu)
+    if args.dry_run and args.out is not None:  # nothing is written: --out would do nothing
+        raise UserError(
+            f"--out {args.out} names where the profile is written, and --dry-run writes none: "
+            "pass one of them"
+        )
     if not args.dry_run:
         from tuner.estimate.profile import DEFAULT_PROFILE_PATH
 

@@ -35,6 +35,16 @@ MEGATRON = Runners(
     text="the megatron runner (--runner megatron, auto, or ladder's screening rung)",
     fix="leave it out",
 )
+LADDER = Runners(
+    names=("ladder",),
+    text="--runner ladder only",
+    fix="add --runner ladder or leave {flag} out",
+)
+LAUNCHING = Runners(
+    names=("megatron", "verl", "ladder", "auto"),
+    text="the runners that launch trials (megatron, verl, ladder, or auto where it picks megatron)",
+    fix="leave {flag} out (the estimator launches nothing)",
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,6 +93,8 @@ class RunOption:
 RUN_OPTIONS: dict[str, RunOption] = {
     o.flag: o
     for o in (
+        RunOption(flag="--trial-timeout", runners=LAUNCHING, default=1800.0),
+        RunOption(flag="--confirm-top", runners=LADDER, default=3),
         RunOption(
             flag="--measure-generation",
             runners=MEGATRON,

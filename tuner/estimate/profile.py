@@ -89,8 +89,8 @@ class Profile:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if not (v >= 0):
-                raise UserError(f"calibration constant {f.name} must be >= 0, got {v}")
+            if not (v >= 0 and math.isfinite(v)):
+                raise UserError(f"calibration constant {f.name} must be finite and >= 0, got {v}")
         for name in (
             "gemm_efficiency",
             "attention_efficiency",
@@ -126,6 +126,14 @@ CALIBRATED: dict[str, tuple[float, float]] = {
 }
 """Constants `tune calibrate` may fit, with their bounds (memory constants are not fitted: a
 measured peak is a lower bound of what a run needs, not its need)."""
+UNFITTED: dict[str, tuple[float, float]] = {
+    "collective_latency_s": (1e-6, 1e-3),
+}
+"""The range of each constant `tune calibrate` does not fit: NCCL's fixed cost of one collective
+is a few to tens of microseconds (launch plus the first hop), never a millisecond."""
+RANGES: dict[str, tuple[float, float]] = {**CALIBRATED, **UNFITTED}
+"""Every constant's range, as a profile file may set it (`profile_of`): a constant of 1e300 was
+read and printed as a 300-digit step time (issue 38 item 4)."""
 
 
 RETIRED_CONSTANTS = ("context_gib", "fragmentation")
@@ -183,11 +191,12 @@ def profile_of(data: object, file: Path) -> Profile:
                 f"calibration profile {file}: {name} is {json.dumps(value)[:40]}, not a number: "
                 f"{redo}"
             )
-        lo, hi = CALIBRATED.get(name, (-math.inf, math.inf))  # others: Profile.__post_init__
+        lo, hi = RANGES[name]
         if not lo <= value <= hi:
+            fits = "`tune calibrate` fits in" if name in CALIBRATED else "the cost model takes"
             raise UserError(
-                f"calibration profile {file}: {name} {value:g} is outside {lo:g}..{hi:g} "
-                f"(the range `tune calibrate` fits in): {redo}"
+                f"calibration profile {file}: {name} {value:g} is outside {lo:g}..{hi:g} (the "
+                f"range {fits}): {redo}"
             )
         values[name] = float(value)
     try:

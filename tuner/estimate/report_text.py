@@ -3,6 +3,8 @@ tuner.fit.leaderboards)."""
 
 from __future__ import annotations
 
+import math
+
 from tuner.estimate import Estimate
 from tuner.hardware import Cluster
 from tuner.models import ModelSpec
@@ -69,3 +71,38 @@ def format_estimate(
     node = f" of the node's {cluster.host_mem_gib:.1f}" if cluster.host_mem_gib is not None else ""
     lines.append(f"  host memory {estimate.host_mem_gib:.1f} GiB a node{node} (a fitted estimate)")
     return "\n".join(lines)
+
+
+def out_of_range(
+    e: Estimate, c: Candidate, model: ModelSpec, cluster: Cluster, workload: Workload
+) -> str:
+    """Why `tune estimate` has no breakdown of `e` to print: some value is not a finite number
+    of 0 or more (a generation of `inf s` where vLLM has no room for one sequence, beside a
+    negative KV cache: issue 38 item 4). A one-line sentence that says what does not fit and
+    what to change; "" where every value is such a number."""
+    values = e.as_dict()
+    memory = values.pop("memory_gib")
+    values.update(memory if isinstance(memory, dict) else {})
+    bad = [
+        f"{k} {v:.1f}"
+        for k, v in values.items()
+        if isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and not (math.isfinite(v) and v >= 0)
+    ]
+    if not bad:
+        return ""
+    why = []
+    if not math.isfinite(e.generation_s) or e.memory.kv_cache_gib < 0:
+        why.append(
+            f"vLLM's KV cache would be {e.memory.kv_cache_gib:.1f} GiB, too little for one "
+            f"{workload.max_seq_len}-token sequence, so generation cannot run"
+        )
+    if e.fit_reason and "KV cache" not in e.fit_reason:
+        why.append(e.fit_reason)
+    return (
+        f"{model.name} {c.layout.spec} on {cluster.num_gpus}x {cluster.gpu.name} does not fit "
+        f"and has no step time to print ({', '.join(bad[:4])}): {'; '.join(why) or 'out of range'}"
+        ": lower --response-len or --prompt-len, or raise --rollout-tp, "
+        "--gpu-memory-utilization or --gpus"
+    )

@@ -9,7 +9,7 @@ import pandas as pd
 
 from tuner.errors import UserError
 from tuner.leaderboard.columns import column_name
-from tuner.results import HIGHER_IS_BETTER, partial
+from tuner.results import HIGHER_IS_BETTER, ROW_SOURCES, partial
 from tuner.results.scope import breadth, comparable
 
 _GPU_FILTER = re.compile(r"^([a-z0-9]+?)(?:x(\d+))?$")
@@ -25,28 +25,61 @@ def select(
 ) -> pd.DataFrame:
     """Rows matching every filter given: `gpu` a kind (`h200`) or kind and count (`h200x2`);
     `model` a case-insensitive part of the model column; `status` and `source` exact values,
-    several comma-separated. Unknown status values are a UserError."""
+    several comma-separated. A filter that no row could match because it is misspelt is a
+    UserError listing what it may be (`--gpu h100x`, an unknown status or source, a model text
+    no row's model holds); a valid filter that leaves no row gives an empty frame."""
     keep = pd.Series(True, index=df.index)
     if gpu:
-        m = _GPU_FILTER.match(gpu.strip().lower())
-        if not m:
-            raise UserError(f"--gpu {gpu!r}: write a GPU kind (h200) or kind and count (h200x2)")
-        keep &= df["gpu"] == m.group(1)
-        if m.group(2):
-            keep &= df["num_gpus"] == int(m.group(2))
+        kind, count = _gpu_filter(gpu, df)
+        keep &= df["gpu"] == kind
+        if count:
+            keep &= df["num_gpus"] == count
     if model:
-        keep &= df["model"].str.lower().str.contains(model.strip().lower(), regex=False)
+        text = model.strip().lower()
+        models = sorted({m for m in df["model"].astype(str) if m})
+        if not text or not any(text in m.lower() for m in models):
+            listed = ", ".join(models[:8]) + (", ..." if len(models) > 8 else "") or "none"
+            raise UserError(
+                f"--model {model!r}: no row's model holds that text: give part of one of "
+                f"the models here ({listed})"
+            )
+        keep &= df["model"].str.lower().str.contains(text, regex=False)
     if status:
-        wanted = [s.strip() for s in status.split(",") if s.strip()]
-        known = list(df["status"].cat.categories)
-        bad = [s for s in wanted if s not in known]
-        if bad:
-            raise UserError(f"--status {','.join(bad)}: use one of {', '.join(known)}")
+        wanted = _values("--status", status, list(df["status"].cat.categories))
         keep &= df["status"].isin(wanted)
     if source:
-        wanted = [s.strip() for s in source.split(",") if s.strip()]
+        present = [s for s in dict.fromkeys(df["source"].astype(str)) if s]
+        wanted = _values(
+            "--source", source, [*ROW_SOURCES, *sorted(set(present) - set(ROW_SOURCES))]
+        )
         keep &= df["source"].isin(wanted)
     return df[keep.fillna(False).astype(bool)]
+
+
+def _gpu_filter(text: str, df: pd.DataFrame) -> tuple[str, int]:
+    """(kind, count or 0) of a `--gpu` filter: a kind tuner.hardware knows or one of the rows
+    holds (`h200`), with a count of 1 or more (`h200x2`); UserError listing the kinds where it
+    is none of them (`h100x` matched no row, with exit 0)."""
+    from tuner.hardware import GPUS
+
+    kinds = [*GPUS, *sorted({g for g in df["gpu"].astype(str) if g} - set(GPUS))]
+    m = _GPU_FILTER.match(text.strip().lower())
+    if not m or m.group(1) not in kinds or (m.group(2) is not None and int(m.group(2)) < 1):
+        raise UserError(
+            f"--gpu {text!r}: write a GPU kind ({', '.join(kinds)}) or a kind and a count of "
+            "1 or more (h200x2)"
+        )
+    return m.group(1), int(m.group(2) or 0)
+
+
+def _values(flag: str, text: str, known: list[str]) -> list[str]:
+    """The comma-separated values of filter `flag`, each one of `known`; UserError naming the
+    others and listing `known`."""
+    wanted = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in wanted if s not in known]
+    if bad or not wanted:
+        raise UserError(f"{flag} {','.join(bad) or repr(text)}: use one of {', '.join(known)}")
+    return wanted
 
 
 def same_setup(df: pd.DataFrame) -> pd.Series:

@@ -20,7 +20,7 @@ from tuner.models.hf_config import (
     path_kind,
 )
 from tuner.models.registry import REGISTRY, get_model, spec_fields
-from tuner.models.spec import ModelSpec
+from tuner.models.spec import MIN_VOCAB, ModelSpec
 
 __all__ = [
     "CONFIG_COUNTS",
@@ -29,6 +29,7 @@ __all__ = [
     "CONFIG_TEXTS",
     "MAX_COUNT",
     "MAX_LAYERS",
+    "MIN_VOCAB",
     "QKV_BIAS_MODEL_TYPES",
     "QK_NORM_MODEL_TYPES",
     "REGISTRY",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tuner.errors import UserError
 from tuner.fileio import load_json
-from tuner.models.spec import ModelSpec
+from tuner.models.spec import MIN_VOCAB, ModelSpec
 
 QKV_BIAS_MODEL_TYPES = ("qwen2", "qwen2_moe")
 """HF model types whose QKV projection has a bias without an `attention_bias` flag (their
@@ -43,7 +43,7 @@ CONFIG_COUNTS: dict[str, int] = {
     "num_attention_heads": 1,
     "num_key_value_heads": 1,
     "head_dim": 1,
-    "vocab_size": 1,
+    "vocab_size": MIN_VOCAB,
     "intermediate_size": 0,
     "num_experts": 0,
     "num_local_experts": 0,

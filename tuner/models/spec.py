@@ -9,6 +9,12 @@ from dataclasses import dataclass
 
 from tuner.errors import UserError
 
+MIN_VOCAB = 256
+"""Smallest `vocab_size` accepted: a tokenizer that encodes any text holds at least the 256 byte
+values (byte-level BPE, SentencePiece's byte fallback; this project's own offline tokenizer,
+tuner.dataset.write_word_tokenizer, has them and more), and the hub's models have 32k and up. A
+vocabulary of 1 was read and scored (issue 38 item 4)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
@@ -59,6 +65,11 @@ class ModelSpec:
         for f in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim"):
             if getattr(self, f) <= 0:
                 raise UserError(f"model {self.name}: {f} must be positive, got {getattr(self, f)}")
+        if self.vocab_size < MIN_VOCAB:
+            raise UserError(
+                f"model {self.name}: vocab_size {self.vocab_size} is below {MIN_VOCAB}, the byte "
+                "values any tokenizer holds: fix the config.json"
+            )
         if self.num_attention_heads % self.num_kv_heads:
             raise UserError(
                 f"model {self.name}: num_attention_heads ({self.num_attention_heads}) must be a "
@@ -115,6 +126,19 @@ class ModelSpec:
     def dense_mlp_params_per_layer(self) -> int:
         """A SwiGLU MLP: gate, up and down projections."""
         return 3 * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def tp_split_widths(self) -> list[tuple[str, int]]:
+        """(what, width) of each MLP this model has whose inner width a tensor-parallel group
+        splits (megatron-core's tp, vLLM's rollout tp): the dense MLP where some layer has one
+        (intermediate_size), and the shared experts (their summed width). The routed experts are
+        split by the experts' own group (megatron-core's etp), so they are not among them."""
+        out = []
+        if self.num_dense_mlp_layers:
+            out.append(("MLP width (intermediate_size)", self.ffn_hidden_size))
+        if self.shared_expert_ffn_hidden_size:
+            out.append(("shared experts' width", self.shared_expert_ffn_hidden_size))
+        return out
 
     @property
     def num_moe_layers(self) -> int:

@@ -18,6 +18,7 @@ from tuner.results.files import (
     upsert_row,
 )
 from tuner.results.record import (
+    AT_LEAST_ONE,
     BOTH_PHASES_MFU,
     COLUMN_TYPES,
     COLUMNS,
@@ -32,9 +33,10 @@ from tuner.results.record import (
     number,
     parse_extra,
     row_of,
+    row_problem,
     upgrade_row,
 )
-from tuner.results.result import Status, TrialResult
+from tuner.results.result import ROW_SOURCES, Status, TrialResult
 from tuner.results.table import (
     HIGHER_IS_BETTER,
     SHORT_NAMES,
@@ -48,6 +50,7 @@ from tuner.results.table import (
 )
 
 __all__ = [
+    "AT_LEAST_ONE",
     "BOTH_PHASES_MFU",
     "COLUMN_TYPES",
     "COLUMNS",
@@ -57,6 +60,7 @@ __all__ = [
     "OLD_LOG_PROB_RUN",
     "PRED_COLUMNS",
     "READ_VERSIONS",
+    "ROW_SOURCES",
     "SCHEMA_VERSION",
     "SHORT_NAMES",
     "SHOW_COLUMNS",
@@ -79,6 +83,7 @@ __all__ = [
     "read_raw",
     "read_rows",
     "row_of",
+    "row_problem",
     "text_table",
     "upgrade_row",
     "upsert_row",

@@ -10,7 +10,7 @@ from typing import Any
 from tuner.errors import UserError
 from tuner.measures import MEASURES, TrialMeasures
 from tuner.results.result import Status
-from tuner.space import CANDIDATE_FIELDS, KNOB_COLUMN_TYPES
+from tuner.space import CANDIDATE_FIELDS, KNOB_COLUMN_TYPES, LAYOUT_DEGREES
 
 SCHEMA_VERSION = 3
 """3: one meaning per column: `mfu_update_pct` (the tuner's FLOP formula over the actor update)
@@ -373,6 +373,46 @@ NUMERIC = frozenset(c for c, t in COLUMN_TYPES.items() if t in (int, float))
 """The columns of numbers (counts and measures, knobs included): a text table formats them."""
 SCHEMA_VERSION_CELL = str(SCHEMA_VERSION)
 """The `schema_version` cell of a row this version writes."""
+AT_LEAST_ONE = frozenset(
+    ("num_gpus", "gpus_per_node", *LAYOUT_DEGREES, "dp", "bs", "mini_bs", "n")
+    + ("max_prompt_len", "max_response_len")
+)
+"""Counts a row holds as 1 or more where it holds them: GPUs, parallel degrees, batch sizes and
+lengths. Every other number of a row is 0 or more (no time, memory, rate or count is negative);
+`tune show` showed a row of 0 GPUs or a negative throughput as if measured (issue 38 item 4)."""
+
+
+def row_problem(row: dict[str, str]) -> str | None:
+    """What a row of ours (text, in schema 3's meaning: `upgrade_row`) holds that no row can:
+    a schema this version does not read, a status that is none of `Status`, a number that is
+    not its column's type (tuner.cells: a count that is no whole number, a switch that is not
+    true or false), a negative number, a count below 1 (AT_LEAST_ONE): a sentence naming the
+    first such cell and what to do, None where there is none."""
+    from tuner.cells import cell_value
+
+    version = (row.get("schema_version") or "").strip()
+    if version not in READ_VERSIONS:
+        return (
+            f"schema_version {version!r} is not one this verl-tuner reads "
+            f"({', '.join(READ_VERSIONS)}): upgrade verl-tuner, or fix the cell"
+        )
+    fix = "fix the cell or delete that row"
+    status = (row.get("status") or "").strip()
+    if status not in set(Status):
+        return f"status {status!r} is not one of {', '.join(Status)}: {fix}"
+    for col, text in row.items():
+        typ = COLUMN_TYPES.get(col)
+        cell = (text or "").strip()
+        if typ not in (int, float, bool) or not cell:
+            continue
+        try:
+            value = cell_value(cell, typ)
+        except ValueError as e:
+            return f"{col} {e}: {fix}"
+        if typ is not bool and value < (1 if col in AT_LEAST_ONE else 0):
+            least = "below 1" if col in AT_LEAST_ONE else "negative"
+            return f"{col} {cell!r} is {least}: {fix}"
+    return None
 
 
 COLOCATED_ONLY_OMITTED = ("rollout_gpus",)

@@ -22,6 +22,11 @@ class Status(StrEnum):
     """Its worker was killed mid-trial; a resumed study re-runs it."""
 
 
+ROW_SOURCES = ("estimate", "megatron", "verl", "tuner", "reference")
+"""Every `source` a leaderboard row holds: the runner that measured it (estimate, megatron,
+verl), `tuner` (refused before a runner saw it) or `reference` (a published row)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialResult(TrialMeasures):
     """What a runner reports for one trial: its measures (TrialMeasures: times in seconds,

@@ -73,17 +73,8 @@ def _moe_recompute_dense_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Worklo
     return ["MoE recompute modules on a dense model recompute nothing: drop them"]
 
 
-def _dense_etp_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> list[str]:
-    # megatron-core accepts it (transformer_config.py refuses expert parallelism without experts,
-    # not etp) and shards nothing with it: the runner does not spend a trial on it
-    if m.is_moe or c.layout.etp == 1:
-        return []
-    return [f"etp({c.layout.etp}) > 1 on a dense model shards nothing: set it to 1"]
-
-
 MEGATRON_RULES: tuple[Rule, ...] = (
     Rule("dense_layers_not_built", "layout", _dense_layers_rule),
-    Rule("dense_no_etp", "layout", _dense_etp_rule),
     Rule("moe_act_needs_grouped_gemm", "recompute_modules", _unbuilt_modules_rule),
     Rule("moe_recompute_dense", "recompute_modules", _moe_recompute_dense_rule),
 )
@@ -115,7 +106,9 @@ AT_RUNTIME = frozenset(
         "recompute_num_layers",  # the worker's spec check (megatron-core applies it per chunk)
         "moe_token_dispatcher_type",  # moe_layer.py: "Unsupported token dispatcher type"
         "dense_layers_not_built",
-        "dense_no_etp",
+        "dense_no_etp",  # megatron-core runs it and shards nothing: never launched
+        "tp_ffn",  # the layer build: linear layers divide their width over tp
+        "etp_ffn",  # the layer build: the experts' linear layers divide theirs over etp
         "moe_recompute_dense",
     }
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from tuner.cells import cell_value
 from tuner.space.layout import LAYOUT_DEGREES, LAYOUT_FIELDS, ParallelLayout
 
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
@@ -136,27 +137,35 @@ class Candidate:
         that no longer exist (`grad_offload` of schema-1 files) are ignored; knobs a file lacks
         take their defaults. `world` is the study's GPUs: a split row's layout is a world of the
         trainer's N - rollout_gpus."""
-        deg = {k: int(rec[k]) for k in LAYOUT_DEGREES}
+        deg = {k: _column(rec, k, int) for k in LAYOUT_DEGREES}
         if rec.get("rollout_gpus") not in ("", None):
-            world -= int(_coerce(rec["rollout_gpus"], int))
+            world -= _column(rec, "rollout_gpus", int)
         for k in SPLIT_FIELDS:
             if rec.get(k) not in ("", None):
-                deg[k] = int(rec[k])
+                deg[k] = _column(rec, k, int)
         lay = ParallelLayout(world=world, **deg)
         kw: dict[str, Any] = {}
         for f in _FIELD_TYPES:
             if f not in rec or rec[f] in ("", None):
                 continue
-            kw[f] = _coerce(rec[f], _FIELD_TYPES[f])
+            kw[f] = _column(rec, f, _FIELD_TYPES[f])
         return cls(layout=lay, **kw)
 
 
 def _coerce(value: Any, typ: type) -> Any:
-    if typ is bool and isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    if typ is int and isinstance(value, str):
-        return int(float(value))
+    """A record's value as the field's type; a CSV cell's text strictly (tuner.cells: `15360.5`
+    is no count, `maybe` no switch), with the column in the ValueError."""
+    if isinstance(value, str):
+        return cell_value(value, typ)
     return typ(value)
+
+
+def _column(rec: dict[str, Any], name: str, typ: type) -> Any:
+    """rec[name] as `typ` (KeyError where it is missing); a ValueError names the column."""
+    try:
+        return _coerce(rec[name], typ)
+    except ValueError as e:
+        raise ValueError(f"column {name}: {e}") from None
 
 
 _FIELD_TYPES: dict[str, type] = {

@@ -98,6 +98,21 @@ def layout_model_rules(lay: ParallelLayout, m: ModelSpec) -> list[tuple[str, str
         r.append(("dense_no_ep", f"ep({lay.ep}) > 1 on a dense model: set it to 1"))
     if m.is_moe and m.num_experts % lay.ep:
         r.append(("ep_experts", f"ep({lay.ep}) does not divide the {m.num_experts} experts"))
+    # megatron-core splits a linear layer's inner dimension over its group with `divide`, an
+    # assert (tensor_parallel/layers.py, extensions/transformer_engine.py): the dense MLP and the
+    # shared experts over tp, each routed expert over etp (moe/experts.py: their group is
+    # expt_tp); an FFN width no tp divides was scored at tp > 1 (issue 38 item 4)
+    for what, width in m.tp_split_widths:
+        if width % lay.tp:
+            r.append(("tp_ffn", f"tp({lay.tp}) does not divide the {what}, {width}"))
+    if m.is_moe and m.moe_ffn_hidden_size % lay.etp:
+        r.append(
+            (
+                "etp_ffn",
+                f"etp({lay.etp}) does not divide the experts' width (moe_intermediate_size), "
+                f"{m.moe_ffn_hidden_size}",
+            )
+        )
     return r
 
 
@@ -108,6 +123,15 @@ def _lay_rules(
     if lay.world != cl.num_gpus:
         r.append(("world", f"layout is for {lay.world} GPUs, the cluster has {cl.num_gpus}"))
     r += layout_model_rules(lay, m)
+    # megatron-core accepts etp > 1 on a dense model (transformer_config.py refuses expert
+    # parallelism without experts, not etp) and shards nothing with it: `tp2etp2` of a dense
+    # model is tp2 under another name, a second row of one candidate (issue 38 item 4). The
+    # megatron worker runs what megatron-core runs, so its spec check (layout_model_rules)
+    # does not refuse it
+    if not m.is_moe and lay.etp > 1:
+        r.append(
+            ("dense_no_etp", f"etp({lay.etp}) > 1 on a dense model shards nothing: set it to 1")
+        )
     # no rule on the sequence length under cp: verl 0.9.1 pads each packed sequence to a
     # multiple of tp*cp*2 itself (verl/models/mcore/util.py preprocess_packed_seqs, align_size)
     if (w.mini_batch_size * w.n) % lay.dp:
@@ -129,6 +153,9 @@ LAYOUT_RULE_NAMES = (
     "pipeline_split",
     "dense_no_ep",
     "ep_experts",
+    "tp_ffn",
+    "etp_ffn",
+    "dense_no_etp",
     "mini_batch_dp",
 )
 
@@ -282,6 +309,24 @@ def _rollout_tp_rule(c: Candidate, m: ModelSpec, cl: Cluster, w: Workload) -> li
     r += _one(
         m.num_kv_heads % rtp != 0 and rtp % m.num_kv_heads != 0,
         f"rollout tp({rtp}) and the {m.num_kv_heads} kv heads do not divide one another",
+    )
+    return r + rollout_width_problems(m, rtp, experts=c.rollout_ep <= 1)
+
+
+def rollout_width_problems(m: ModelSpec, rtp: int, *, experts: bool) -> list[str]:
+    """vLLM splits an MLP's inner width over the rollout's tp with `divide` (an assert; its
+    Column/RowParallelLinear): the dense MLP and the shared experts always, and with `experts`
+    (rollout ep 1) the routed experts too; with rollout ep > 1 each rank holds whole experts
+    (FusedMoE's tp is 1 under expert parallelism)."""
+    r = [
+        f"rollout tp({rtp}) does not divide the {what}, {width}"
+        for what, width in m.tp_split_widths
+        if width % rtp
+    ]
+    r += _one(
+        experts and m.is_moe and m.moe_ffn_hidden_size % rtp != 0,
+        f"rollout tp({rtp}) does not divide the experts' width (moe_intermediate_size), "
+        f"{m.moe_ffn_hidden_size}: pick a rollout tp that does, or rollout ep > 1",
     )
     return r
 

@@ -20,7 +20,7 @@ from tuner.space.choices import CP_CHOICES, MAX_PP, MAX_VPP, Drawn
 from tuner.space.knobs import KNOBS, Knob
 from tuner.space.layout import ParallelLayout, balanced_split
 from tuner.space.placement import Pools, pools, split_sizes
-from tuner.space.rules import validate_layout
+from tuner.space.rules import rollout_width_problems, validate_layout
 from tuner.workload import Workload
 
 
@@ -265,6 +265,7 @@ class SearchSpace:
             for t in sizes
             if m.num_attention_heads % t == 0
             and (m.num_kv_heads % t == 0 or t % m.num_kv_heads == 0)
+            and not rollout_width_problems(m, t, experts=False)  # ep > 1 may hold experts whole
         ]
 
     def check_nonempty(self) -> None:

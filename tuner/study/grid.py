@@ -379,10 +379,12 @@ def candidates_from_params(csv_path: Path, space: SearchSpace) -> list[tuple[dic
             )
         try:
             c = Candidate.from_record(r, cl.num_gpus)
-        except (KeyError, ValueError) as e:
+        except KeyError as e:
             raise UserError(
-                f"{where} is incomplete ({type(e).__name__}: {e}): fix or delete that row"
+                f"{where} is incomplete (no {e} column): fix or delete that row"
             ) from None
+        except ValueError as e:  # a cell that is not its column's type (tuner.cells), a layout
+            raise UserError(f"{where}: {e}: fix the cell or delete that row") from None
         off = outside_space(c, space)
         if off is not None:
             column, why = off

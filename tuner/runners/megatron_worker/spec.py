@@ -270,7 +270,7 @@ class WorkerSpec:
         recompute_granularity, recompute_method and attention_backend, and
         recompute_num_layers. The worker's own: layer_spec is one of LAYER_SPECS, and cp > 1
         needs the te layers. The batch's and the run's fields are bounded as they are read. (etp
-        > 1 on a dense model runs in megatron-core: the runner's rule dense_no_etp skips it.)"""
+        > 1 on a dense model runs in megatron-core: the search's rule dense_no_etp skips it.)"""
         m, lay, r, k = self.model, self.layout, self.recompute, self.kernels
         rules = {
             "sp_needs_tp": sequence_parallel_problems(self.sequence_parallel, lay.tp),
