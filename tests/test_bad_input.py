@@ -18,7 +18,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -1239,12 +1238,10 @@ def test_no_layout_fits_is_exit_2(
         ["--model", "llama3.1-70b", "--gpus", "1", "--no-progress", "--no-warm-start"],
         ["--model", "qwen2.5-7b", "--gpus", "1", "--response-len", "1000000"],
     ):
-        t0 = time.monotonic()
-        assert _within(SECONDS, main, argv) == 2
+        assert _within(SECONDS, main, argv) == 2  # the hang guard: ends within SECONDS
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and "no configuration of" in lines[0], lines
         assert "fits 1x h100" in lines[0] and "--gpus" in lines[0]
-        assert time.monotonic() - t0 < 10
         assert not list(workdir.iterdir())
 
 

@@ -25,6 +25,7 @@ from tuner.estimate.context import (
     bandwidth_between,
 )
 from tuner.estimate.rollout_memory import rollout_params_per_gpu
+from tuner.space.layout import RolloutDims
 
 INTERNODE_LATENCY_FACTOR = 4.0
 """A collective that crosses nodes costs this many NVLink collective latencies (network round
@@ -307,7 +308,7 @@ def generation(
     lengths = ctx.lengths
     if lengths is None:  # set in Context.__post_init__
         raise RuntimeError("context without a response-length model")
-    schedulers = max(1, ctx.cluster.num_gpus // rollout_tp)
+    schedulers = RolloutDims(world=ctx.cluster.num_gpus, tp=rollout_tp, dp=rollout_dp).schedulers
     share = ctx.samples / schedulers
     kv_heads_local = max(1.0, ctx.kv_heads / rollout_tp)
     kv_token = 2 * ctx.layers * kv_heads_local * ctx.head_dim * BF16

@@ -317,6 +317,12 @@ class RolloutDims:
         return max(1, self.world // self.replica_gpus)
 
     @property
+    def schedulers(self) -> int:
+        """vLLM schedulers on `world`: each data-parallel rank of each replica batches its own
+        share of the sequences."""
+        return self.replicas * self.dp
+
+    @property
     def ep_problem(self) -> str:
         """Why `ep` is not one vLLM takes (verl RolloutConfig.__post_init__: expert_parallel_size
         == tp * dp when > 1), or ""."""
