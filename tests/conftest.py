@@ -52,3 +52,12 @@ def postgres_url() -> Iterator[str]:
     finally:
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that start Ray run on one xdist worker, one after another (`--dist loadgroup`
+    in pyproject's addopts): two Ray heads at once would contend for the ports Ray takes by
+    default (its client server's 10001, its dashboard agent's 52365) and for the two cores."""
+    for item in items:
+        if item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
