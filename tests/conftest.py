@@ -53,30 +53,3 @@ def postgres_url() -> Iterator[str]:
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-
-SHARED_ON_ONE_WORKER = (
-    "board",
-    "enumerated",
-    "estimate_study",
-    "measured",
-    "stored_study",
-    "study_csv",
-    "verl_run",
-)
-"""Module-scoped fixtures that run a study, a search or a measurement (10-30 s each): the tests
-that use one run on one xdist worker, so it is built once. (test_bad_input's `leaderboards` is
-left out: its 500 tests are better spread over both workers than its study run saved.)"""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Which tests share an xdist worker (`--dist loadgroup` in pyproject's addopts): those that
-    start Ray run on one worker, one after another (two Ray heads at once would contend for the
-    ports Ray takes by default, its client server's 10001 and its dashboard agent's 52365), and
-    those of one module that use a fixture of SHARED_ON_ONE_WORKER run on one worker."""
-    for item in items:
-        if item.get_closest_marker("ray"):
-            item.add_marker(pytest.mark.xdist_group("ray"))
-            continue
-        shared = sorted(set(getattr(item, "fixturenames", ())) & set(SHARED_ON_ONE_WORKER))
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(f"{item.nodeid.split('::')[0]}:{shared[0]}"))
