@@ -560,7 +560,9 @@ def test_a_new_priced_knob_is_three_files(tmp_path: Path) -> None:
     run = (
         "import sys, pytest, tuner\n"
         f"assert tuner.__file__.startswith({str(tmp_path)!r}), tuner.__file__\n"
-        f"sys.exit(pytest.main(['-x', '-q', '-p', 'no:cacheprovider', *{tests!r}]))"
+        # in this process (-n 0): the workers pyproject's addopts start would import the
+        # repository's tuner, not the copy's
+        f"sys.exit(pytest.main(['-x', '-q', '-p', 'no:cacheprovider', '-n', '0', *{tests!r}]))"
     )
     done = subprocess.run(
         [sys.executable, "-c", run],
