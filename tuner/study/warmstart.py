@@ -24,6 +24,7 @@ from tuner.space import (
     sample,
     validate,
 )
+from tuner.study.exact import exact_best
 
 WARM_START_POOL = 2000
 """Random candidates the estimator ranks before a new study starts."""
@@ -88,21 +89,30 @@ def warm_start_params(
     more), each ordered by predicted throughput, interleaved with the predicted best first:
     best, reference, 2nd best, reference, ... A slow (e.g. offloaded) reference layout thus
     never goes first; each candidate appears once. `headroom_gib`: the study's (--headroom-gib),
-    None for the default. `search` (the study's score of a candidate, `cost_model_search`'s):
-    the estimator's best are then those of a search climbing from the best layouts of a pool
-    drawn with SEARCH_SEED, not the pool's own, so they hold the cost model's best over the
-    space, the same whatever the study's `seed` (issue 38.7: seeds 0 and 2 answered 2342 and
-    2420 tokens/s/GPU on qwen3-30b-moe x 32)."""
+    None for the default. `search` (the study's score of a candidate, with the estimator as its
+    runner): the estimator's best are then the cost model's `best` best over the whole space,
+    found exactly (tuner.study.exact), so the first is its best and the same whatever the
+    study's `seed` (issue 38.7: seeds 0 and 2 answered 2342 and 2420 tokens/s/GPU on
+    qwen3-30b-moe x 32, and seed 0 later 2307 where the space's best scores 2420); in an
+    --allow-off-policy space, those of `cost_model_search`'s climb from the best layouts of a
+    pool drawn with SEARCH_SEED."""
     refs: list[tuple[float, dict[str, Any], str]] = []
     scored: list[tuple[float, dict[str, Any], str]] = []
+    exact = search is not None and not space.allow_off_policy
     pool_seed = seed if search is None else SEARCH_SEED
-    for cand in scored_candidates(space, profile, runner, pool_seed, pool, headroom_gib):
+    draws = 0 if exact else pool  # the exact search needs no pool
+    for cand in scored_candidates(space, profile, runner, pool_seed, draws, headroom_gib):
         if not cand.predicted.unfit:
             into = scored if cand.origin == "estimator" else refs
             into.append((cand.predicted.tokens_per_s_per_gpu, cand.params, cand.origin))
     refs.sort(key=lambda x: -x[0])
     scored.sort(key=lambda x: -x[0])
-    if search is not None:
+    if exact and search is not None:
+        scored = [
+            (v, params, "estimator")
+            for v, params in exact_best(space, profile, headroom_gib, best, search)
+        ]
+    elif search is not None:
         starts: dict[Any, dict[str, Any]] = {}  # the pool's best candidate of each layout
         for _, p, _ in scored:
             starts.setdefault(p.get("layout"), p)
