@@ -35,8 +35,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.estimate import Profile
@@ -406,9 +406,24 @@ class _Model:
 
 Scan = list[tuple[float, Values]]
 """Settings of a stage with their seconds, fastest first."""
-Floor = dict[int, tuple[float, Scan]]
-"""Per rollout TP: the weight sync's seconds, and the vLLM settings that fit with their
-generation's seconds, fastest first."""
+
+
+@dataclass(slots=True)
+class _Rollout:
+    """A rollout TP beside a layout and its offloads: the weight sync, and which vLLM memory
+    settings fit beside them (asked as the search needs them)."""
+
+    values: Values
+    """The layout, offloads and rollout TP (with the base's other values)."""
+    sync_s: float
+    least_s: float = math.inf
+    """The weight sync plus the fastest generation that fits."""
+    fit: dict[tuple[Any, ...], bool] = field(default_factory=dict)
+    """Whether generation's device total fits, by the vLLM settings that reach it."""
+
+
+Floor = dict[int, _Rollout]
+"""Per rollout TP where a vLLM setting fits: its part."""
 
 
 class _Search:
@@ -460,7 +475,7 @@ class _Search:
                 bo = {**b, **o}
                 floor = self._floor(bo)
                 if floor:
-                    least = min(map(_least_floor, floor.items()))
+                    least = min(r.least_s for r in floor.values())
                     lbo = least + self._bound(bo, TRAINING)
                     offloads.append((lbo, next(self._order), bo, floor))
             offloads.sort(key=lambda x: x[:2])
@@ -504,22 +519,27 @@ class _Search:
         return True
 
     def _floor(self, b: Values) -> Floor:
-        """Per rollout TP, the weight sync's seconds and the vLLM settings whose generation
-        device total fits beside `b`'s layout and offloads, fastest first, where one does."""
+        """Per rollout TP, its part beside `b`'s layout and offloads, where a vLLM setting's
+        generation device total fits beside them."""
         out: Floor = {}
-        for rtp, scan in self.generation.items():
-            br = {**b, "rollout_tp": rtp}
-            fit: dict[tuple[Any, ...], bool] = {}  # by the settings that reach the device total
-            kept = []
-            for g, vllm in scan:
-                key = tuple(vllm[n] for n in GENERATION_MEMORY)
-                if key not in fit:
-                    fit[key] = self.model.fits({**br, **vllm}, "generation")
-                if fit[key]:
-                    kept.append((g, vllm))
-            if kept:
-                out[rtp] = (self.model.sync_s(br), kept)
+        for rtp in self.generation:
+            r = _Rollout({**b, "rollout_tp": rtp}, self.model.sync_s({**b, "rollout_tp": rtp}))
+            first = next(self._fitting(r), None)
+            if first is not None:
+                r.least_s = r.sync_s + first[0]
+                out[rtp] = r
         return out
+
+    def _fitting(self, r: _Rollout) -> Iterator[tuple[float, Values]]:
+        """The vLLM settings whose generation device total fits beside `r`'s, fastest first
+        (each memory setting asked once: what reaches that device total, REACH)."""
+        for g, vllm in self.generation[r.values["rollout_tp"]]:
+            key = tuple(vllm[n] for n in GENERATION_MEMORY)
+            ok = r.fit.get(key)
+            if ok is None:
+                ok = r.fit[key] = self.model.fits({**r.values, **vllm}, "generation")
+            if ok:
+                yield g, vllm
 
     def _scans_of(self, b: Values) -> tuple[Scan, Scan]:
         """(the update's micro-batching settings, the log-prob passes') of training setting `b`,
@@ -578,7 +598,7 @@ class _Search:
         if not free:
             self._leaf(floor, b)
             return
-        least = min(map(_least_floor, floor.items()))
+        least = min(r.least_s for r in floor.values())
         children = [
             (least + self._bound({**b, **o}, tuple(rest)), next(self._order), {**b, **o})
             for o, _ in got
@@ -603,31 +623,31 @@ class _Search:
         ]
 
     def _leaf(self, floor: Floor, b: Values) -> None:
-        """A whole training setting: per rollout TP (the weight sync and the vLLM settings that
+        """A whole training setting: per rollout TP (its weight sync and the vLLM settings that
         fit, `floor`), every setting of vLLM and of the update's and the log-prob passes'
         micro-batching that fits, fastest first, while it is among the `count` best."""
         up, lp = self._scans_of(b)
         least = up[0][0] + lp[0][0]
         fits = self.model.fits
-        for rtp, (sync, gens) in sorted(floor.items(), key=_least_floor):
-            if sync + gens[0][0] + least >= self.threshold:
+        for r in sorted(floor.values(), key=lambda r: r.least_s):
+            if r.least_s + least >= self.threshold:
                 break
-            br = {**b, "rollout_tp": rtp}
-            bar = self.threshold - sync - gens[0][0]
+            br = {**b, "rollout_tp": r.values["rollout_tp"]}
+            bar = self.threshold - r.least_s
             ups = [x for x in up if x[0] + lp[0][0] < bar and fits({**br, **x[1]}, "update_actor")]
             if not ups:
                 continue
             lps = [x for x in lp if ups[0][0] + x[0] < bar and fits({**br, **x[1]}, "old_log_prob")]
             if not lps:
                 continue
-            for g, vllm in gens:
-                if sync + g + ups[0][0] + lps[0][0] >= self.threshold:
+            for g, vllm in self._fitting(r):
+                if r.sync_s + g + ups[0][0] + lps[0][0] >= self.threshold:
                     break
                 for tu, u in ups:
-                    if sync + g + tu + lps[0][0] >= self.threshold:
+                    if r.sync_s + g + tu + lps[0][0] >= self.threshold:
                         break
                     for tp, p in lps:
-                        step = sync + g + tu + tp
+                        step = r.sync_s + g + tu + tp
                         if step >= self.threshold:
                             break
                         self._add(step, {**br, **vllm, **u, **p})
@@ -642,9 +662,3 @@ class _Search:
 
 def _first(x: tuple[float, Any]) -> float:
     return x[0]
-
-
-def _least_floor(item: tuple[int, tuple[float, Scan]]) -> float:
-    """A rollout TP's weight sync plus its fastest generation that fits."""
-    sync, gens = item[1]
-    return sync + gens[0][0]
