@@ -388,6 +388,26 @@ def test_alike_values_score_alike_and_joint_keys_hold_memory(
                 }, (knobs, setting)
 
 
+@pytest.mark.parametrize("setup", SPACES, ids=lambda s: f"{s[0]}-{s[2]}-{s[3]}")
+def test_the_update_floor_is_the_interfaces_and_below_every_setting(
+    setup: tuple[str, str, int, str],
+) -> None:
+    """update_floor_gib: the same for every training setting of a layout, offloads and rollout
+    TP (a move of any other knob leaves it), and its transient and slack are never negative,
+    so no setting's update device total is below it: where it does not fit, nothing does."""
+    space = _space(*setup)
+    m, cl, w = space.model, space.cluster, space.workload
+    moved = 0
+    for c, _, name, other, changed in _moves(space, 8, seed=5):
+        mem, mem2 = memory(c, m, cl, w, PROFILE), memory(other, m, cl, w, PROFILE)
+        assert mem.update_transient_gib >= 0 and mem.slack_gib >= 0
+        assert exact.update_floor_gib(mem) <= mem.update_device_gib
+        if not changed & set(exact.INTERFACE):
+            moved += 1
+            assert _close(exact.update_floor_gib(mem), exact.update_floor_gib(mem2)), name
+    assert moved > 100
+
+
 def test_every_knob_the_sampler_draws_has_a_stage() -> None:
     """A knob added to the table is placed in a stage of the search (its reach declared),
     else the search would hold it at its first value."""

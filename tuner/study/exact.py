@@ -41,7 +41,7 @@ from typing import Any
 
 from tuner.estimate import Profile
 from tuner.estimate.device import phases_unfit
-from tuner.estimate.memory import local_norms, memory
+from tuner.estimate.memory import MemoryBreakdown, local_norms, memory
 from tuner.estimate.runner_memory import phase_devices
 from tuner.estimate.time import PhaseTimes, phase_times
 from tuner.space import KNOBS, Candidate, Knob, SearchSpace, params_for, sample
@@ -111,6 +111,16 @@ through the fused activation and whether all three are off (megatron-core's loca
 memory.local_norms)."""
 PHASES = ("generation", "old_log_prob", "update_actor")
 """The phases whose device totals decide a fit (runner_memory.memory_view's)."""
+
+
+def update_floor_gib(mem: MemoryBreakdown) -> float:
+    """The update phase's device total less its transient (activations, logits, dispatch
+    buffers, the optimizer step's temporary) and the allocator's slack: the states, workspace
+    and processes, which the layout, offloads and rollout TP set and no training knob changes;
+    the transient and the slack are never negative, so no training setting's update device
+    total is below it (tests hold the cost model to both)."""
+    return mem.update_device_gib - mem.update_transient_gib - mem.slack_gib
+
 
 _SAMPLED: tuple[Knob, ...] = tuple(k for k in KNOBS if k.choices is not None)
 _DEFAULTS: dict[str, Any] = {k.name: k.field_default for k in _SAMPLED if k.name != "layout"}
@@ -342,6 +352,7 @@ class _Model:
         """Per reach: the base's values of the knobs outside it."""
         self._times: dict[Candidate, PhaseTimes] = {}
         self._fits: dict[Candidate, dict[str, bool]] = {}
+        self._floors: dict[Candidate, bool] = {}
         self.timed = self.fitted = 0
         """Cost-model calls: phase times, and whole estimates (for their device totals)."""
 
@@ -358,7 +369,7 @@ class _Model:
         self.base = base
         self._rest = {
             keep: {n: x for n, x in base.items() if n not in keep}
-            for keep in (*_REACH_TIME.values(), *_REACH_DEVICE.values())
+            for keep in (*_REACH_TIME.values(), *_REACH_DEVICE.values(), frozenset(INTERFACE))
         }
 
     def _phase_times(self, values: Values, part: str) -> PhaseTimes:
@@ -385,6 +396,22 @@ class _Model:
         is wanted."""
         t = self._phase_times(values, part)
         return t.step_s - t.generation_s - t.reshard_s
+
+    def update_floor_fits(self, values: Values) -> bool:
+        """Whether the update phase's floor (update_floor_gib: what no training knob changes of
+        its device total) fits the GPU beside `values`' layout, offloads and rollout TP; where
+        it does not, no training setting fits there."""
+        c = self._at(values, frozenset(INTERFACE))
+        got = self._floors.get(c)
+        if got is None:
+            s = self.space
+            floor = update_floor_gib(memory(c, s.model, s.cluster, s.workload, self.profile))
+            cap = s.cluster.gpu.memory_gib
+            got = self._floors[c] = not phases_unfit(
+                {"update_actor": floor}, cap, self.headroom_gib
+            )
+            self.fitted += 1
+        return got
 
     def fits(self, values: Values, phase: str) -> bool:
         """Whether `phase`'s device total (with the study's headroom, else the phase's own)
@@ -520,10 +547,13 @@ class _Search:
 
     def _floor(self, b: Values) -> Floor:
         """Per rollout TP, its part beside `b`'s layout and offloads, where a vLLM setting's
-        generation device total fits beside them."""
+        generation device total fits beside them and the update phase's floor does."""
         out: Floor = {}
         for rtp in self.generation:
-            r = _Rollout({**b, "rollout_tp": rtp}, self.model.sync_s({**b, "rollout_tp": rtp}))
+            br = {**b, "rollout_tp": rtp}
+            if not self.model.update_floor_fits(br):
+                continue
+            r = _Rollout(br, self.model.sync_s(br))
             first = next(self._fitting(r), None)
             if first is not None:
                 r.least_s = r.sync_s + first[0]
