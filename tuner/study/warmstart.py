@@ -297,10 +297,13 @@ BRANCH_COMBINATIONS = 512
 SEARCH_STARTS = 4
 """Layouts whose best candidate in the warm start's pool `cost_model_search` climbs from."""
 SEARCH_SEED = 0
-"""The seed of the pool `cost_model_search` starts from, whatever the study's: the estimator's
-answer is then the same for every --seed. The search is not exhaustive: on qwen3-30b-moe x 32
-H100 the climbs from most seeds' pools end at the best any reached (2419.5 tokens/s/GPU), from
-some at a local optimum below it; seed 0's reaches that best (scripts/bench_study.out.txt)."""
+"""The seed of the pool `cost_model_search` starts from, whatever the study's: its answer is then
+the same for every --seed. Only an --allow-off-policy space's estimator climbs (a colocated one's
+best is found exactly: tuner.study.exact); the climb is not exhaustive: on qwen3-30b-moe x 32
+H100 the climbs from some seeds' pools ended at a local optimum below the best
+(scripts/bench_main_job.py replaced scripts/bench_study.py, whose output said so: git history),
+and on qwen3-30b-moe x 8 H200 grpo-short seed 0's ends below the exact best
+(scripts/bench_main_job.out.txt)."""
 
 
 def cost_model_search(
@@ -319,8 +322,9 @@ def cost_model_search(
     parameters).
 
     Each pass scores every layout of the space against the current other knobs, so a start's
-    layout is never the end of it; tests/test_estimator_search.py checks the result against
-    an exhaustive enumeration (space.walk) of smaller spaces."""
+    layout is never the end of it. Not exhaustive (a local optimum may end it): the estimator
+    of a colocated space takes the exact best instead (tuner.study.exact); an --allow-off-policy
+    space's climbs."""
     seen: dict[tuple[Any, ...], tuple[float, dict[str, Any]]] = {}
 
     def scored(want: dict[str, Any]) -> tuple[float, dict[str, Any], dict[str, list[Any]]]:
