@@ -202,6 +202,23 @@ def test_an_off_policy_space_is_not_the_exact_searchs() -> None:
         exact.exact_search(split, req.profile)
 
 
+def test_a_candidate_the_score_says_cannot_run_is_passed_over() -> None:
+    """A rule of the study's score the search does not model (here: no pipeline parallelism)
+    passes the candidates it refuses over as the search goes on: the answer is the brute
+    force's best of those that run."""
+    space, req = _small("dense")
+    score = _score(req)
+
+    def no_pp(c: Candidate) -> float:
+        return score(c) if c.layout.pp == 1 else -1.0
+
+    best = max(no_pp(c) for c, _ in walk(space))
+    found = exact.exact_search(space, req.profile, req.headroom_gib, 3, no_pp)
+    assert found[0].score == pytest.approx(best, rel=1e-12)
+    assert all(f.candidate.layout.pp == 1 for f in found)
+    assert score(found[0].candidate) < max(map(score, (c for c, _ in walk(space))))  # pp > 1 wins
+
+
 def test_a_score_the_search_does_not_compose_is_refused() -> None:
     """exact_best holds every candidate to the study's score: a score that is not the cost
     model's (here one that halves every other candidate's) is a RuntimeError, not a quietly

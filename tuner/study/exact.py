@@ -169,6 +169,8 @@ class Found:
     candidate: Candidate
     params: dict[str, Any]
     """Its sampler parameters (what enqueue_trial takes)."""
+    score: float | None = None
+    """The study's score of it, where the search was given the study's score."""
 
 
 def exact_search(
@@ -176,22 +178,31 @@ def exact_search(
     profile: Profile,
     headroom_gib: float | None = None,
     count: int = 1,
+    score: Callable[[Candidate], float] | None = None,
 ) -> list[Found]:
-    """The `count` fastest candidates of `space` that fit, each of its own training setting
-    (layout, offloads, training knobs) and rollout TP with the fastest micro-batching and vLLM
-    settings that fit it, fastest first: the first is the cost model's best over the space.
-    Fewer where fewer fit. `headroom_gib`: the study's (None: each phase's own)."""
+    """The `count` fastest candidates of `space` that fit, fastest first: the first is the cost
+    model's best over the space (of candidates the cost model scores alike, one; of those a
+    FASTEST value beats, none: module docstring). Fewer where fewer fit. `headroom_gib`: the
+    study's (None: each phase's own).
+
+    `score`: the study's (objective.search_score: above 0 where a candidate can run, its
+    tokens/s/GPU), and each candidate the search composes is held to it before it is kept. One
+    it says cannot run (by a rule the search does not model: it models the phases' device totals
+    and vLLM's KV cache) is passed over and the search goes on, so the answer is the best that
+    runs; one it scores at another throughput than the step the search composed is a
+    RuntimeError: the cost model has lost a property the search relies on
+    (tests/test_exact_search.py says which)."""
     if space.allow_off_policy:
         raise ValueError("the exact search covers colocated spaces (a split step is a max)")
-    s = _Search(space, profile, headroom_gib, count)
+    s = _Search(space, profile, headroom_gib, count, score)
     s.run()
     out = []
-    for step, _, values in sorted(s.found, key=lambda x: (-x[0], x[1])):
+    for step, _, values, v in sorted(s.found, key=lambda x: (-x[0], x[1])):
         c = s.model.candidate(values)
         params = params_for(c, space)
         if sample(FollowSuggester(params), space) != c:
             raise RuntimeError(f"the exact search made a candidate the space does not draw: {c}")
-        out.append(Found(-step, c, params))
+        out.append(Found(-step, c, params, v))
     return out
 
 
@@ -202,22 +213,9 @@ def exact_best(
     count: int,
     score: Callable[[Candidate], float],
 ) -> list[tuple[float, dict[str, Any]]]:
-    """`exact_search`'s candidates as (`score` of each, its sampler parameters), best first.
-    `score` is the study's (objective.search_score: above 0 where a candidate can run, its
-    tokens/s/GPU), and each candidate is held to it: it runs, and its score is the search's
-    step over the same tokens and GPUs as the others'. A RuntimeError otherwise: the cost model
-    has lost a property the search relies on (tests/test_exact_search.py says which)."""
-    found = exact_search(space, profile, headroom_gib, count)
-    out = [(score(f.candidate), f.params) for f in found]
-    for (v, _), f in zip(out, found, strict=True):
-        tokens = out[0][0] * found[0].step_s
-        if not (v > 0 and math.isclose(v * f.step_s, tokens, rel_tol=1e-9)):
-            raise RuntimeError(
-                f"the exact search composed {f.step_s:.6g} s a step for {f.candidate}, which "
-                f"the study scores {v:.6g} tokens/s/GPU: the cost model no longer has the "
-                "shape tuner/study/exact.py relies on (run tests/test_exact_search.py)"
-            )
-    return out
+    """`exact_search`'s candidates held to `score`, as (score, sampler parameters), best first."""
+    found = exact_search(space, profile, headroom_gib, count, score)
+    return [(f.score or 0.0, f.params) for f in found]
 
 
 Values = dict[str, Any]
@@ -458,13 +456,23 @@ class _Search:
     rest chosen by scans (module docstring). `found` holds the `count` best as a heap."""
 
     def __init__(
-        self, space: SearchSpace, profile: Profile, headroom_gib: float | None, count: int
+        self,
+        space: SearchSpace,
+        profile: Profile,
+        headroom_gib: float | None,
+        count: int,
+        score: Callable[[Candidate], float] | None = None,
     ) -> None:
-        self.space, self.count = space, count
+        self.space, self.count, self.score = space, count, score
+        self.tokens: float | None = None
+        """The study's score times the composed step, one number for every candidate (the step's
+        tokens over the GPUs), from the first one held to `score`."""
+        self.passed_over = 0
+        """Candidates composed that `score` says cannot run."""
         self.options = _Options(space)
         self.model = _Model(space, profile, headroom_gib)
-        self.found: list[tuple[float, int, Values]] = []
-        """(-step, order found, values): a heap of the `count` fastest composed."""
+        self.found: list[tuple[float, int, Values, float | None]] = []
+        """(-step, order found, values, score): a heap of the `count` fastest composed."""
         self._order = itertools.count()
         self._scans: dict[Candidate, tuple[Scan, Scan]] = {}
         self._log_prob: dict[Candidate, Scan] = {}
@@ -683,7 +691,22 @@ class _Search:
                         self._add(step, {**br, **vllm, **u, **p})
 
     def _add(self, step: float, values: Values) -> None:
-        item = (-step, next(self._order), values)
+        """Keep a composed candidate among the `count` fastest (held to `score` first)."""
+        v = None
+        if self.score is not None:
+            c = self.model.candidate(values)
+            v = self.score(c)
+            if v <= 0:
+                self.passed_over += 1
+                return
+            self.tokens = self.tokens or v * step
+            if not math.isclose(v * step, self.tokens, rel_tol=1e-9):
+                raise RuntimeError(
+                    f"the exact search composed {step:.6g} s a step for {c}, which the study "
+                    f"scores {v:.6g} tokens/s/GPU: the cost model no longer has the shape "
+                    "tuner/study/exact.py relies on (run tests/test_exact_search.py)"
+                )
+        item = (-step, next(self._order), values, v)
         if len(self.found) < self.count:
             heapq.heappush(self.found, item)
         else:
