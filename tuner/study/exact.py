@@ -3,8 +3,8 @@ answer (issue 38 item 7).
 
 With the estimator as the runner the objective is the cost model, so the study's answer is its
 best over the space, whatever the seed. qwen3-30b-moe on 32 GPUs has 840 layouts, each with
-some 10^11 settings of the other knobs: far too many to score one by one. The cost model's
-shape makes the best exact at some ten thousand scores instead:
+some 10^10 settings of the other knobs: far too many to score one by one. The cost model's
+shape makes the best exact at some 90,000 calls of it (scripts/bench_main_job.out.txt):
 
 1. The step is the sum of its parts: generation, the weight sync and training (log-probs,
    reference, update, critic), and a candidate fits when each phase's device total (with its
@@ -12,21 +12,23 @@ shape makes the best exact at some ten thousand scores instead:
 2. Each knob reaches only some of those (`REACH`): vLLM's knobs generation's time and device
    total; the update's micro-batching the update alone and the log-prob passes' theirs; the
    training knobs training's time and device totals; the layout, the offloads and the rollout
-   TP all. With the layout, offloads and rollout TP set, generation's settings are chosen on
-   their own, and with the training knobs set too the update's and the log-prob passes'
-   settings each on their own: the fastest that fits, by a scan in order of time that stops at
-   the first that fits.
-3. A bound: a knob at its `FASTEST` value makes no part slower, so a branch of the training
+   TP all. With the layout, offloads, rollout TP and training knobs set, every setting of vLLM
+   and of the two micro-batchings is the sum of three parts and fits where each part's does,
+   so they are taken fastest first, each part by a scan in order of its time.
+3. Bounds: a knob at its `FASTEST` value makes no part slower, so a branch of the training
    knobs scored with its unset knobs at those values (memory ignored) is no slower than any
    setting in it; a branch whose bound is no faster than the `count`-th best found is not
-   searched, nor a layout whose bound is not.
+   searched, nor a layout whose bound is not. Where the update phase's floor (the device total
+   no training knob changes: update_floor_gib) does not fit, nothing is searched.
 4. Values the cost model scores exactly alike (`ALIKE`) are searched once; a knob that reaches
    no device total is searched at its FASTEST value alone where it has one; of the settings of
    `JOINT` knobs whose device totals agree, one that another beats by FASTEST values alone is
    not searched.
 
 Each is a property of the cost model that tests/test_exact_search.py holds it to, as it holds
-the search to a brute force over small spaces. An `--allow-off-policy` space (its step is
+the search to a brute force over small spaces. Every candidate is held to the study's own score
+as it is found (exact_search): one it says cannot run, by a rule not modelled here, is passed
+over; one it scores otherwise stops the search. An `--allow-off-policy` space (its step is
 max(generation, training) + sync, not their sum) keeps the climb of warmstart.cost_model_search.
 """
 
