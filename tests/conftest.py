@@ -52,4 +52,3 @@ def postgres_url() -> Iterator[str]:
     finally:
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-

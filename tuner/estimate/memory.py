@@ -25,7 +25,7 @@ from tuner.estimate.device import (
     verl_training_outside_gib,
 )
 from tuner.estimate.logits import DEFAULT_VERL, LOGIT_HELD_BYTES
-from tuner.estimate.micro_batches import micro_batches
+from tuner.estimate.micro_batches import micro_batches, peak_micro_tokens
 from tuner.estimate.profile import Profile
 from tuner.estimate.rollout_memory import kv_cache_bytes, verl_generation_gib
 from tuner.hardware import GIB, Cluster
@@ -409,9 +409,9 @@ def memory_of(
         fused_swiglu=candidate.bias_activation_fusion,
         local_norm=local_norms(candidate),
     )
-    upd_batches = micro_batches(ctx, candidate, log_prob=False)
-    tokens = upd_batches.peak_tokens
-    in_flight = in_flight_micro_batches(layout, float(upd_batches.count))
+    tokens = peak_micro_tokens(ctx, candidate, log_prob=False)
+    update_count = micro_batches(ctx, candidate, log_prob=False).count
+    in_flight = in_flight_micro_batches(layout, float(update_count))
     stored, working = _stored_and_working(ctx, candidate, tokens, per_layer, layers_stage)
     acts = stored * in_flight + working
     vocab_local = ctx.vocab / layout.tp
@@ -419,7 +419,7 @@ def memory_of(
     # the log-prob phase's peak is old_log_prob's (it computes the entropy, the ref pass not)
     held = LOGIT_HELD_BYTES[verl_logits]
     logits_upd = tokens * vocab_local * held["update_actor"]
-    lp_tokens = micro_batches(ctx, candidate, log_prob=True).peak_tokens
+    lp_tokens = peak_micro_tokens(ctx, candidate, log_prob=True)
     logits_lp = lp_tokens * vocab_local * held["old_log_prob"]
     if candidate.use_fused_kernels:
         head = vocab_local * ctx.hidden  # the output layer's weight on this rank

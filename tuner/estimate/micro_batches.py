@@ -7,8 +7,11 @@ tuner.batching's) cuts each DP rank's share of a mini-batch (the update), or of 
 them, balanced by tokens; without it pieces of micro_batch_size_per_gpu samples; under
 interleaved pipelining the count rounded up to a multiple of pp (`micro_batch_count`). Each pass
 then runs `count` micro-batches of `mean_tokens` each (what the time model charges) and the
-largest holds `peak_tokens` (what the memory model must hold; the update's count also sets the
-micro-batches a pipeline keeps in flight).
+largest holds `peak_micro_tokens` (what the memory model must hold; the update's count also sets
+the micro-batches a pipeline keeps in flight). The count and mean are one memoized term and the
+largest another, so the time model, which reads only the first, never plans a batch (planning is
+most of a cold call: the cost model's exact search scores thousands of candidates by time
+alone, tuner/study/exact.py).
 
 The largest micro-batch: with dynamic batching, planned on the megatron runner's own sample
 lengths where that is cheap (tuner.batching.plan_step), else the count rule applied to the
@@ -43,9 +46,6 @@ class MicroBatches:
     """Micro-batches of the rank's share (`micro_batch_count` of its mean share)."""
     mean_tokens: float
     """Tokens per GPU of a micro-batch: the rank's mean share over `count` and cp."""
-    peak_tokens: float
-    """Tokens per GPU of the largest micro-batch the step is expected to see
-    (`peak_micro_tokens`)."""
 
 
 def micro_batch_count(
@@ -76,7 +76,8 @@ def micro_batch_count(
 
 
 def micro_batches(ctx: Context, candidate: Candidate, log_prob: bool) -> MicroBatches:
-    """The micro-batches of the update (per mini-batch) or of a log-prob pass, on one DP rank.
+    """The micro-batches of the update (per mini-batch) or of a log-prob pass, on one DP rank
+    (their largest: `peak_micro_tokens`).
 
     The share is the rank's mean: the step's tokens over the DP ranks (and the mini-batches in
     the update). In the update verl balances each mini-batch's samples over the ranks by
@@ -108,15 +109,13 @@ def _micro_batches(ctx: Context, candidate: Candidate, log_prob: bool) -> MicroB
     count = micro_batch_count(
         candidate, log_prob, tokens, samples, layout.pp if layout.vpp > 1 else 1
     )
-    return MicroBatches(
-        count=count,
-        mean_tokens=tokens / (count * layout.cp),
-        peak_tokens=peak_micro_tokens(ctx, candidate, log_prob),
-    )
+    return MicroBatches(count=count, mean_tokens=tokens / (count * layout.cp))
 
 
 def peak_micro_tokens(ctx: Context, candidate: Candidate, log_prob: bool) -> float:
-    """Tokens per GPU of the largest micro-batch a step is expected to see.
+    """Tokens per GPU of the largest micro-batch a step is expected to see (the update's per
+    mini-batch, or a log-prob pass's), memoized in the context by the fields it reads
+    (memo.memoized), apart from `micro_batches`: only the memory model asks.
 
     With dynamic batching, the micro-batches of the sample lengths the megatron runner draws
     (`tuner.lengths.step_lengths`, seed BATCH_PLAN_SEED, the mini-batches it runs),
@@ -132,6 +131,15 @@ def peak_micro_tokens(ctx: Context, candidate: Candidate, log_prob: bool) -> flo
     without rounding the count to a multiple of pp under virtual pipelining, in the plan as in
     the analytic estimate: fewer, so larger, micro-batches than verl 0.9.1 cuts there (kept:
     the memory model's numbers are fitted with it)."""
+    return memoized(
+        ctx.layout_cache,
+        ("peak_micro_tokens", log_prob),
+        candidate,
+        lambda candidate: _peak(ctx, candidate, log_prob),
+    )
+
+
+def _peak(ctx: Context, candidate: Candidate, log_prob: bool) -> float:
     if candidate.use_dynamic_bsz:
         planned = _planned_peak_tokens(ctx, candidate, log_prob)
         if planned is not None:

@@ -118,9 +118,10 @@ def propose(req: TuneRequest, c: Candidate, learner: StudyLearner) -> Proposal:
 
 
 def search_score(req: TuneRequest, learner: StudyLearner) -> Callable[[Candidate], float]:
-    """The study's view of a candidate as a number for the estimator's search
-    (warmstart.cost_model_search): its predicted tokens/s/GPU where `propose` lets it run, else
-    below 0 by its predicted device total (the smaller, the nearer to fitting)."""
+    """The study's view of a candidate as a number for the estimator's search (tuner.study.exact
+    holds each candidate it finds to it; warmstart.cost_model_search climbs by it): its
+    predicted tokens/s/GPU where `propose` lets it run, else below 0 by its predicted device
+    total (the smaller, the nearer to fitting)."""
 
     def score(c: Candidate) -> float:
         prop = propose(req, c, learner)

@@ -4,6 +4,7 @@ per study, the predicted-best first."""
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from tuner.space import (
     sample,
     validate,
 )
+from tuner.study.exact import exact_best
 
 WARM_START_POOL = 2000
 """Random candidates the estimator ranks before a new study starts."""
@@ -88,21 +90,30 @@ def warm_start_params(
     more), each ordered by predicted throughput, interleaved with the predicted best first:
     best, reference, 2nd best, reference, ... A slow (e.g. offloaded) reference layout thus
     never goes first; each candidate appears once. `headroom_gib`: the study's (--headroom-gib),
-    None for the default. `search` (the study's score of a candidate, `cost_model_search`'s):
-    the estimator's best are then those of a search climbing from the best layouts of a pool
-    drawn with SEARCH_SEED, not the pool's own, so they hold the cost model's best over the
-    space, the same whatever the study's `seed` (issue 38.7: seeds 0 and 2 answered 2342 and
-    2420 tokens/s/GPU on qwen3-30b-moe x 32)."""
+    None for the default. `search` (the study's score of a candidate, with the estimator as its
+    runner): the estimator's best are then the cost model's `best` best over the whole space,
+    found exactly (tuner.study.exact), so the first is its best and the same whatever the
+    study's `seed` (issue 38.7: seeds 0 and 2 answered 2342 and 2420 tokens/s/GPU on
+    qwen3-30b-moe x 32, and seed 0 later 2307 where the space's best scores 2420); in an
+    --allow-off-policy space, those of `cost_model_search`'s climb from the best layouts of a
+    pool drawn with SEARCH_SEED."""
     refs: list[tuple[float, dict[str, Any], str]] = []
     scored: list[tuple[float, dict[str, Any], str]] = []
+    exact = search is not None and not space.allow_off_policy
     pool_seed = seed if search is None else SEARCH_SEED
-    for cand in scored_candidates(space, profile, runner, pool_seed, pool, headroom_gib):
+    draws = 0 if exact else pool  # the exact search needs no pool
+    for cand in scored_candidates(space, profile, runner, pool_seed, draws, headroom_gib):
         if not cand.predicted.unfit:
             into = scored if cand.origin == "estimator" else refs
             into.append((cand.predicted.tokens_per_s_per_gpu, cand.params, cand.origin))
     refs.sort(key=lambda x: -x[0])
     scored.sort(key=lambda x: -x[0])
-    if search is not None:
+    if exact and search is not None:
+        scored = [
+            (v, params, "estimator")
+            for v, params in exact_best(space, profile, headroom_gib, best, search)
+        ]
+    elif search is not None:
         starts: dict[Any, dict[str, Any]] = {}  # the pool's best candidate of each layout
         for _, p, _ in scored:
             starts.setdefault(p.get("layout"), p)
@@ -190,9 +201,11 @@ waiting trials made every read of a 200-trial estimator study slow: measured on 
 32, its enqueue took 35 s CPU and its trial loop 73 s, chunked 0.4 s and 54 s."""
 PENDING_ATTR = "warm_start_pending"
 """Prefix of the study user attrs holding the warm start's later chunks: `<prefix>:<i>`, each
-`{"names": [...], "rows": [[origin, value or null, ...], ...]}` (compact: every reader of the
-study's user attrs reads them; one chunk per attr keeps each far under MySQL's 64 KiB TEXT),
-set to null once enqueued."""
+the JSON text of `{"names": [...], "rows": [[origin, value or null, ...], ...]}` (compact: every
+reader of the study's user attrs reads them, and Optuna deep-copies the attrs at each read: one
+string is copied at once, where nested lists were walked value by value, 3 s of a 200-trial
+estimator study; one chunk per attr keeps each far under MySQL's 64 KiB TEXT), set to null once
+enqueued. A study made before holds the object itself: read as well."""
 PENDING_NEXT_ATTR = "warm_start_pending_next"
 """The index of the next chunk `enqueue_pending` enqueues."""
 
@@ -201,13 +214,20 @@ def _key(params: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(sorted(params.items()))
 
 
-def _packed(chunk: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
+def _packed(chunk: list[tuple[dict[str, Any], str]]) -> str:
     names = sorted({n for p, _ in chunk for n in p})
-    return {"names": names, "rows": [[o, *(p.get(n) for n in names)] for p, o in chunk]}
+    rows = [[o, *(p.get(n) for n in names)] for p, o in chunk]
+    return json.dumps({"names": names, "rows": rows}, separators=(",", ":"))
 
 
 def _unpacked(got: Any) -> list[tuple[dict[str, Any], str]]:
-    """A chunk `_packed` wrote, as (params, origin) pairs; what is not one reads as none."""
+    """A chunk `_packed` wrote (or, in a study made before chunks were text, its object), as
+    (params, origin) pairs; what is not one reads as none."""
+    if isinstance(got, str):
+        try:
+            got = json.loads(got)
+        except ValueError:
+            return []
     if not isinstance(got, dict):
         return []
     names, rows = got.get("names"), got.get("rows")
@@ -277,10 +297,13 @@ BRANCH_COMBINATIONS = 512
 SEARCH_STARTS = 4
 """Layouts whose best candidate in the warm start's pool `cost_model_search` climbs from."""
 SEARCH_SEED = 0
-"""The seed of the pool `cost_model_search` starts from, whatever the study's: the estimator's
-answer is then the same for every --seed. The search is not exhaustive: on qwen3-30b-moe x 32
-H100 the climbs from most seeds' pools end at the best any reached (2419.5 tokens/s/GPU), from
-some at a local optimum below it; seed 0's reaches that best (scripts/bench_study.out.txt)."""
+"""The seed of the pool `cost_model_search` starts from, whatever the study's: its answer is then
+the same for every --seed. Only an --allow-off-policy space's estimator climbs (a colocated one's
+best is found exactly: tuner.study.exact); the climb is not exhaustive: on qwen3-30b-moe x 32
+H100 the climbs from some seeds' pools ended at a local optimum below the best
+(scripts/bench_main_job.py replaced scripts/bench_study.py, whose output said so: git history),
+and on qwen3-30b-moe x 8 H200 grpo-short seed 0's ends below the exact best
+(scripts/bench_main_job.out.txt)."""
 
 
 def cost_model_search(
@@ -299,8 +322,9 @@ def cost_model_search(
     parameters).
 
     Each pass scores every layout of the space against the current other knobs, so a start's
-    layout is never the end of it; tests/test_estimator_search.py checks the result against
-    an exhaustive enumeration (space.walk) of smaller spaces."""
+    layout is never the end of it. Not exhaustive (a local optimum may end it): the estimator
+    of a colocated space takes the exact best instead (tuner.study.exact); an --allow-off-policy
+    space's climbs."""
     seen: dict[tuple[Any, ...], tuple[float, dict[str, Any]]] = {}
 
     def scored(want: dict[str, Any]) -> tuple[float, dict[str, Any], dict[str, list[Any]]]:
