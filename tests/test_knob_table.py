@@ -65,6 +65,10 @@ ALLOWED: dict[tuple[str, tuple[str, ...]], str] = {
     ("tuner/verl_command.py", ("ppo_max_token_len_per_gpu", "ppo_micro_batch_size_per_gpu")): (
         "verl's config key suffixes the critic copies from the actor (verl's names)"
     ),
+    ("tuner/study/exact.py", ("moe_grouped_gemm", "use_dynamic_bsz")): (
+        "a search order (the training knobs without a fastest value a branch sets first): "
+        "what each knob reaches, its fastest and alike values come from the table"
+    ),
 }  # fmt: skip
 """Literal lists that name knobs for another reason, each with it."""
 

@@ -76,6 +76,27 @@ KNOB_GROUP_ORDER = ("layout", "pipeline", "memory", "batching", "rollout", "kern
 """The knobs' groups (`Knob.group`), in the order the report shows them."""
 
 
+REACH_PARTS = (
+    "generation",
+    "sync",
+    "update",
+    "log_prob",
+    "generation_device",
+    "update_device",
+    "log_prob_device",
+)
+"""The parts of the cost model's colocated step a knob can change (`Knob.reaches`): the time of
+generation, of the weight sync, of the update and of the log-prob passes, and the device total
+of the generation, update and log-prob phases (runner_memory.memory_view's)."""
+TRAINING_REACH = ("update", "log_prob", "update_device", "log_prob_device")
+"""A training knob's reach: both training passes' time and device totals."""
+STEP_REACH = REACH_PARTS
+"""The placement's reach: every part."""
+LAYOUT_REACH = tuple(part for part in REACH_PARTS if part != "generation")
+"""The actor's layout's reach: every part but generation's time (vLLM's own layout is the
+rollout knobs')."""
+
+
 class Undeclared(enum.Enum):
     """The type of `UNDECLARED` (one value, so that None stays verl's `null`)."""
 
@@ -178,6 +199,20 @@ class Knob:
     cost: str
     """The cost-model term that scores it (tuner/estimate), or `neutral prior: <why>` where no
     model exists yet and the measured runner decides."""
+    reaches: tuple[str, ...] = TRAINING_REACH
+    """The parts of the cost model's step it changes (REACH_PARTS); every other part is the same
+    whatever its value. The exact search (tuner/study/exact.py) takes each part's knobs from
+    here, and tests/test_exact_search.py holds the cost model to it."""
+    fastest: Any = UNDECLARED
+    """A value that makes no part of the cost model's step slower, whatever the other knobs
+    (memory is not ordered by it): the exact search's bounds. UNDECLARED where none does."""
+    alike: tuple[Any, ...] = ()
+    """Values the cost model scores exactly alike (a neutral prior's): the exact search
+    searches the first the space offers. Empty where it tells them apart."""
+    joint: str = ""
+    """The name of a group of knobs whose settings the device totals read only through one key
+    (exact.JOINT_KEYS: the three fusions, through the fused activation and whether all three
+    are off); empty where they read the knob itself."""
     choices: Choices | None = None
     """Sampler values valid given what was drawn before (None: not sampled, the default or the
     layout's value stands; one value: fixed, not suggested)."""
@@ -203,6 +238,16 @@ class Knob:
     """The names verl (megatron-core) takes for it (empty: not a name); as `bounds`."""
 
     def __post_init__(self) -> None:
+        unknown = [part for part in self.reaches if part not in REACH_PARTS]
+        if unknown:
+            raise ValueError(
+                f"knob {self.name}: reaches {unknown}, which are not parts of the step: "
+                + ", ".join(REACH_PARTS)
+            )
+        if self.alike and self.fastest is not UNDECLARED:
+            raise ValueError(
+                f"knob {self.name}: values scored alike have no fastest: give alike or fastest"
+            )
         if self.group not in KNOB_GROUP_ORDER:
             raise ValueError(
                 f"knob {self.name}: group {self.group!r} is not one of "
@@ -280,6 +325,7 @@ _ROLLOUT_DEGREE = Bounds(low=1, high=65536, why="the most GPUs any one job runs 
 KNOBS: tuple[Knob, ...] = (
     Knob(
         name="rollout_gpus",
+        reaches=STEP_REACH,
         group="layout",
         help="placement: 0 colocated; r: vLLM on r GPUs of its own, one step off-policy",
         cost="time: a split step is max(generation on r, training on N - r) + weight sync "
@@ -289,6 +335,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="layout",
+        reaches=LAYOUT_REACH,
         group="layout",
         help="actor/ref parallel layout (degrees below)",
         cost="time: every training phase (_layout_lin, phase_times_of); memory: every shard",
@@ -298,6 +345,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="tp",
+        reaches=LAYOUT_REACH,
         group="layout",
         help="tensor parallel",
         verl_keys=_both("megatron.tensor_model_parallel_size"),
@@ -306,6 +354,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="pp",
+        reaches=LAYOUT_REACH,
         group="layout",
         help="pipeline parallel",
         verl_keys=_both("megatron.pipeline_model_parallel_size"),
@@ -314,6 +363,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="vpp",
+        reaches=LAYOUT_REACH,
         group="layout",
         help="virtual pipeline stages (null = off)",
         verl_keys=_both("megatron.virtual_pipeline_model_parallel_size"),
@@ -323,6 +373,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="first_stage_layers",
+        reaches=LAYOUT_REACH,
         group="pipeline",
         help="layers of the first pipeline stage (0 = even split)",
         verl_keys=_tf("num_layers_in_first_pipeline_stage"),
@@ -332,6 +383,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="last_stage_layers",
+        reaches=LAYOUT_REACH,
         group="pipeline",
         help="layers of the last pipeline stage (0 = even split)",
         verl_keys=_tf("num_layers_in_last_pipeline_stage"),
@@ -341,6 +393,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="cp",
+        reaches=LAYOUT_REACH,
         group="layout",
         help="context parallel",
         verl_keys=_both("megatron.context_parallel_size"),
@@ -349,6 +402,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="ep",
+        reaches=LAYOUT_REACH,
         group="layout",
         help="expert parallel",
         verl_keys=_both("megatron.expert_model_parallel_size"),
@@ -357,6 +411,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="etp",
+        reaches=LAYOUT_REACH,
         group="layout",
         help="expert tensor parallel",
         verl_keys=_both("megatron.expert_tensor_parallel_size"),
@@ -380,6 +435,8 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="moe_token_dispatcher_type",
+        reaches=("update", "log_prob"),
+        alike=("alltoall", "flex"),
         group="kernels",
         help="MoE token dispatcher",
         verl_keys=_tf("moe_token_dispatcher_type"),
@@ -392,6 +449,8 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="moe_permute_fusion",
+        reaches=("update", "log_prob"),
+        fastest=True,
         group="kernels",
         help="MoE fused permute",
         verl_keys=_tf("moe_permute_fusion"),
@@ -405,6 +464,8 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="recompute_granularity",
+        reaches=("update", "update_device", "log_prob_device"),
+        fastest="none",
         group="memory",
         help="activation recompute granularity",
         verl_keys=_tf("recompute_granularity", declared=True),
@@ -417,6 +478,8 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="recompute_method",
+        reaches=("update", "update_device", "log_prob_device"),
+        fastest="block",
         group="memory",
         help="full recompute method",
         verl_keys=_tf("recompute_method", declared=True),
@@ -433,6 +496,8 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="recompute_num_layers",
+        reaches=("update", "update_device", "log_prob_device"),
+        fastest=1,
         group="memory",
         help="full recompute layers",
         verl_keys=_tf("recompute_num_layers", declared=True),
@@ -447,6 +512,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="recompute_modules",
+        reaches=("update", "update_device", "log_prob_device"),
         group="memory",
         help="selective recompute modules",
         verl_keys=_tf("recompute_modules", declared=True),
@@ -459,6 +525,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="moe_grouped_gemm",
+        reaches=("update", "log_prob"),
         group="kernels",
         help="MoE grouped GEMM",
         verl_keys=_tf("moe_grouped_gemm"),
@@ -472,6 +539,15 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="param_offload",
+        reaches=(
+            "sync",
+            "update",
+            "log_prob",
+            "generation_device",
+            "update_device",
+            "log_prob_device",
+        ),
+        fastest=False,
         group="memory",
         help="offload parameters and gradients",
         verl_keys=_both("megatron.param_offload"),
@@ -482,6 +558,8 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="optimizer_offload",
+        reaches=("update", "generation_device", "update_device", "log_prob_device"),
+        fastest=False,
         group="memory",
         help="offload optimizer",
         verl_keys=(f"{ACTOR}.megatron.optimizer_offload",),
@@ -492,6 +570,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="use_fused_kernels",
+        fastest=True,
         group="kernels",
         help="verl fused log-prob kernels",
         verl_keys=("actor_rollout_ref.model.use_fused_kernels",),
@@ -504,6 +583,8 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="apply_rope_fusion",
+        fastest=True,
+        joint="fusions",
         group="kernels",
         help="fused RoPE",
         verl_keys=_tf("apply_rope_fusion"),
@@ -516,6 +597,8 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="bias_activation_fusion",
+        fastest=True,
+        joint="fusions",
         group="kernels",
         help="fused bias + SwiGLU",
         verl_keys=_tf("bias_activation_fusion"),
@@ -536,6 +619,9 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="gradient_accumulation_fusion",
+        reaches=("update", "update_device", "log_prob_device"),
+        fastest=True,
+        joint="fusions",
         group="kernels",
         help="wgrad accumulated in the GEMM",
         verl_keys=_tf("gradient_accumulation_fusion"),
@@ -546,6 +632,8 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="attention_backend",
+        reaches=("update", "log_prob"),
+        alike=("flash", "fused", "auto"),
         group="kernels",
         help="megatron attention backend",
         verl_keys=_tf("attention_backend", declared=True),
@@ -577,6 +665,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="ppo_max_token_len_per_gpu",
+        reaches=("update", "update_device"),
         group="batching",
         help="actor tokens per micro-batch per GPU",
         verl_keys=(f"{ACTOR}.ppo_max_token_len_per_gpu",),
@@ -592,6 +681,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="log_prob_max_token_len_per_gpu",
+        reaches=("log_prob", "log_prob_device"),
         group="batching",
         help="log-prob tokens per micro-batch per GPU",
         verl_keys=(
@@ -610,6 +700,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="ppo_micro_batch_size_per_gpu",
+        reaches=("update", "update_device"),
         group="batching",
         help="actor samples per micro-batch per GPU",
         verl_keys=(f"{ACTOR}.ppo_micro_batch_size_per_gpu",),
@@ -628,6 +719,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="log_prob_micro_batch_size_per_gpu",
+        reaches=("log_prob", "log_prob_device"),
         group="batching",
         help="log-prob samples per micro-batch per GPU",
         verl_keys=(
@@ -651,6 +743,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="rollout_tp",
+        reaches=("generation", "sync", "generation_device", "update_device", "log_prob_device"),
         group="rollout",
         help="vLLM tensor parallel (may span nodes)",
         bounds=_ROLLOUT_DEGREE,
@@ -665,6 +758,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="rollout_dp",
+        reaches=("generation", "generation_device"),
         group="rollout",
         help="vLLM data parallel inside a replica (MoE)",
         bounds=_ROLLOUT_DEGREE,
@@ -679,6 +773,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="rollout_ep",
+        reaches=("generation",),
         group="rollout",
         help="vLLM expert parallel (1 or tp*dp)",
         bounds=_ROLLOUT_DEGREE,
@@ -692,6 +787,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="gpu_memory_utilization",
+        reaches=("generation", "generation_device"),
         group="rollout",
         help="vLLM memory share",
         bounds=Bounds(low=0, high=1, low_open=True, why="a share of the GPU's memory"),
@@ -706,6 +802,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="max_num_batched_tokens",
+        reaches=("generation",),
         group="rollout",
         help="vLLM tokens per scheduler step",
         bounds=Bounds(low=0, high=2**24, unit="tokens (0: prompt + response)"),
@@ -724,6 +821,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="max_num_seqs",
+        reaches=("generation",),
         group="rollout",
         help="vLLM sequences per engine at once",
         bounds=Bounds(low=1, high=2**16, unit="sequences"),
@@ -735,6 +833,8 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="enforce_eager",
+        reaches=("generation",),
+        fastest=False,
         group="rollout",
         help="vLLM without CUDA graphs",
         verl_keys=(f"{ROLLOUT}.enforce_eager",),

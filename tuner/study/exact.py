@@ -46,71 +46,57 @@ from tuner.estimate.device import phases_unfit
 from tuner.estimate.memory import MemoryBreakdown, local_norms, memory
 from tuner.estimate.runner_memory import phase_devices
 from tuner.estimate.time import PhaseTimes, phase_times
-from tuner.space import KNOBS, Candidate, Knob, SearchSpace, params_for, sample
+from tuner.space import KNOBS, UNDECLARED, Candidate, Knob, SearchSpace, params_for, sample
 from tuner.space.sampling import FollowSuggester, param_name
 
-GENERATION = ("rollout_ep", "max_num_batched_tokens", "max_num_seqs", "enforce_eager")
+_SAMPLED: tuple[Knob, ...] = tuple(k for k in KNOBS if k.choices is not None)
+
+
+def _reaching(test: Callable[[frozenset[str]], bool]) -> tuple[str, ...]:
+    """The sampled knobs whose reach (`Knob.reaches`, the knob table's) passes `test`, in the
+    table's order."""
+    return tuple(k.name for k in _SAMPLED if test(frozenset(k.reaches)))
+
+
+GENERATION = _reaching(lambda r: r == {"generation"})
 """vLLM's knobs that reach generation's time alone (and whether its KV cache holds one
 sequence, which is part of it: infinite where not)."""
-GENERATION_MEMORY = ("rollout_dp", "gpu_memory_utilization")
+GENERATION_MEMORY = _reaching(lambda r: r == {"generation", "generation_device"})
 """vLLM's knobs that reach generation's device total too."""
-UPDATE = ("ppo_max_token_len_per_gpu", "ppo_micro_batch_size_per_gpu")
+UPDATE = _reaching(lambda r: r == {"update", "update_device"})
 """The update's micro-batching: the update's time and device total alone."""
-LOG_PROB = ("log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size_per_gpu")
+LOG_PROB = _reaching(lambda r: r == {"log_prob", "log_prob_device"})
 """The log-prob passes' micro-batching: their time and device total alone."""
-OFFLOAD = ("param_offload", "optimizer_offload")
-INTERFACE = ("rollout_gpus", "layout", *OFFLOAD, "rollout_tp")
-"""Knobs that reach every part (rollout_gpus: colocated, 0, only)."""
-TRAINING_TIME_ONLY = (
-    "moe_permute_fusion",
-    "moe_grouped_gemm",
-    "attention_backend",
-    "moe_token_dispatcher_type",
-)
+INTERFACE = _reaching(lambda r: {"generation_device", "update_device"} <= r)
+"""Knobs that reach every phase's device total, so every part (rollout_gpus: colocated, 0,
+only): the placement, the layout, the offloads, the rollout TP."""
+FASTEST: dict[str, Any] = {k.name: k.fastest for k in KNOBS if k.fastest is not UNDECLARED}
+"""A value of each knob that makes no part of the step slower (`Knob.fastest`: an offload adds
+copies; recompute none repeats no forward, block recompute a share of the layers where uniform
+repeats them all, its fewest layers the least; a fusion or fused kernel saves passes; CUDA graphs
+save launches). Memory is not ordered by it."""
+OFFLOAD = tuple(n for n in INTERFACE if n in FASTEST)
+"""The interface knobs with a fastest value: the offloads."""
+_TRAINING_PARTS = frozenset(("update", "log_prob"))
+TRAINING_TIME_ONLY = _reaching(lambda r: r == _TRAINING_PARTS)
 """Training knobs that reach training's time and no device total."""
-UPDATE_ONLY = (
-    "optimizer_offload",
-    "recompute_granularity",
-    "recompute_method",
-    "recompute_num_layers",
-    "recompute_modules",
-    "gradient_accumulation_fusion",
-    *UPDATE,
-)
+UPDATE_ONLY = _reaching(lambda r: "update" in r and "log_prob" not in r)
 """Knobs that reach training's time through the update alone (the optimizer step, recompute and
 the weight gradients are the update's), not the log-prob passes' time."""
-FASTEST: dict[str, Any] = {
-    "param_offload": False,
-    "optimizer_offload": False,
-    "recompute_granularity": "none",
-    "recompute_method": "block",
-    "recompute_num_layers": 1,
-    "moe_permute_fusion": True,
-    "use_fused_kernels": True,
-    "apply_rope_fusion": True,
-    "bias_activation_fusion": True,
-    "gradient_accumulation_fusion": True,
-    "enforce_eager": False,
+ALIKE: dict[str, tuple[Any, ...]] = {k.name: k.alike for k in KNOBS if k.alike}
+"""Values the cost model scores exactly alike (`Knob.alike`, its neutral priors): searched as the
+first of them the space offers (the knob table's order)."""
+JOINT_KEYS: dict[str, Callable[[Candidate], Any]] = {
+    "fusions": lambda c: (c.bias_activation_fusion, local_norms(c)),
 }
-"""A value of each knob that makes no part of the step slower (an offload adds copies; recompute
-none repeats no forward, block recompute a share of the layers where uniform repeats them all,
-its fewest layers the least; a fusion or fused kernel saves passes; CUDA graphs save launches).
-Memory is not ordered by it."""
-ALIKE: dict[str, tuple[Any, ...]] = {
-    "attention_backend": ("flash", "fused", "auto"),
-    "moe_token_dispatcher_type": ("alltoall", "flex"),
-}
-"""Values the cost model scores exactly alike (its neutral priors): searched as the first of them
-the space offers (the knob table's order)."""
-JOINT: dict[tuple[str, ...], Callable[[Candidate], Any]] = {
-    ("apply_rope_fusion", "bias_activation_fusion", "gradient_accumulation_fusion"): lambda c: (
-        c.bias_activation_fusion,
-        local_norms(c),
-    ),
-}
-"""Knobs whose settings the device totals read only through a key of them: the three fusions
-through the fused activation and whether all three are off (megatron-core's local layers,
+"""The key through which the device totals read a `Knob.joint` group: the three fusions through
+the fused activation and whether all three are off (megatron-core's local layers,
 memory.local_norms)."""
+JOINT: dict[tuple[str, ...], Callable[[Candidate], Any]] = {
+    tuple(k.name for k in _SAMPLED if k.joint == group): key for group, key in JOINT_KEYS.items()
+}
+"""Knobs whose settings the device totals read only through a key of them (JOINT_KEYS), by
+the group's knobs in the table's order."""
 PHASES = ("generation", "old_log_prob", "update_actor")
 """The phases whose device totals decide a fit (runner_memory.memory_view's)."""
 
@@ -124,7 +110,6 @@ def update_floor_gib(mem: MemoryBreakdown) -> float:
     return mem.update_device_gib - mem.update_transient_gib - mem.slack_gib
 
 
-_SAMPLED: tuple[Knob, ...] = tuple(k for k in KNOBS if k.choices is not None)
 _DEFAULTS: dict[str, Any] = {k.name: k.field_default for k in _SAMPLED if k.name != "layout"}
 _ROLLOUT = ("rollout_tp", *GENERATION_MEMORY, *GENERATION)
 _FIRST = ("use_dynamic_bsz", "moe_grouped_gemm")
@@ -141,20 +126,19 @@ branch sets them."""
 _AFTER_TRAINING = (*UPDATE, *LOG_PROB, *_ROLLOUT)
 _NO_DEVICE = frozenset((*TRAINING_TIME_ONLY, *GENERATION))
 _REACH_DEVICE: dict[str, frozenset[str]] = {
-    "generation": frozenset((*INTERFACE, *GENERATION_MEMORY)),
-    "update_actor": frozenset((*INTERFACE, *(n for n in TRAINING if n not in _NO_DEVICE), *UPDATE)),
-    "old_log_prob": frozenset(
-        (*INTERFACE, *(n for n in TRAINING if n not in _NO_DEVICE), *LOG_PROB)
-    ),
+    phase: frozenset(_reaching(lambda r, part=part: part in r))  # type: ignore[misc]
+    for phase, part in (
+        ("generation", "generation_device"),
+        ("update_actor", "update_device"),
+        ("old_log_prob", "log_prob_device"),
+    )
 }
 """The knobs that reach each phase's device total."""
 _REACH_TIME: dict[str, frozenset[str]] = {
-    "generation": frozenset(_ROLLOUT),
-    "sync": frozenset(("layout", "param_offload", "rollout_tp")),
-    "training": frozenset(("layout", *OFFLOAD, *TRAINING, *UPDATE, *LOG_PROB)),
-    "log_prob": frozenset(
-        n for n in ("layout", *OFFLOAD, *TRAINING, *LOG_PROB) if n not in UPDATE_ONLY
-    ),
+    "generation": frozenset(_reaching(lambda r: "generation" in r)),
+    "sync": frozenset(_reaching(lambda r: "sync" in r)),
+    "training": frozenset(_reaching(lambda r: bool(r & _TRAINING_PARTS))),
+    "log_prob": frozenset(_reaching(lambda r: "log_prob" in r)),
 }
 """The knobs that reach each part of the step's time (log_prob: the log-prob passes' share of
 training's)."""
