@@ -1,6 +1,13 @@
 """Write the cost model's outputs on a fixed set of inputs, to pin its behaviour (issue 31 item 5).
 
-    python scripts/golden_estimates.py   # rewrites tests/data/estimate_golden.json
+    python scripts/golden_estimates.py                 # rewrites tests/data/estimate_golden.json
+    python scripts/golden_estimates.py --keep-inputs   # the file's cases on their stored inputs,
+                                                       # plus the cases it lacks
+
+`--keep-inputs`: each stored case's outputs computed again on its stored inputs (what the test
+does), and the cases of leaderboard rows committed since added; the drawn candidates stay the
+ones stored, so a change of the cost model's numbers shows as output lines alone (without it,
+the draws follow the current sampler and space rules).
 
 The inputs: every row of the committed leaderboards (results/*.csv, read with tuner.results
 readers and rebuilt as tuner.fit.validate rebuilds our own rows), the reference rows
@@ -191,8 +198,13 @@ def coverage(cases: dict[str, Any]) -> dict[str, int]:
     return counts
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     data = golden()
+    if "--keep-inputs" in (sys.argv[1:] if argv is None else argv):
+        stored = json.loads(GOLDEN.read_text())["cases"]
+        for case in stored.values():
+            case["outputs"] = json.loads(json.dumps(outputs_of(run(case["inputs"]))))
+        data["cases"] = {**stored, **{k: v for k, v in data["cases"].items() if k not in stored}}
     # one case a line: a change of the numbers shows as the lines of the cases it moves
     lines = [
         f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True, separators=(',', ':'))}"

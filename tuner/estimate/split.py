@@ -4,20 +4,26 @@ other N - r, as verl 0.9.1's `verl.experimental.one_step_off_policy` runs them.
 Its trainer (one_step_off_policy/ray_trainer.py `fit_step`, `_fit_generate`) waits for the
 generation started last step (`timing_s/gen`, the wait; `timing_s/generate_async`, the whole
 generation), syncs the weights to vLLM over the NCCL checkpoint engine
-(`timing_s/sync_rollout_weights`), starts the next generation, then computes old_log_prob, the
-reference and the update while vLLM generates. In steady state one step is therefore
+(`timing_s/sync_rollout_weights`), starts the next generation, then computes the reference and
+the update while vLLM generates. It computes no old_log_prob: its config sets
+`algorithm.rollout_correction.bypass_mode: True` (verl 0.9.1
+experimental/one_step_off_policy/config/one_step_off_ppo_megatron_trainer.yaml), and in bypass
+mode the separation trainer takes vLLM's log-probs as the old ones
+(experimental/separation/ray_trainer.py `_fit_compute_log_prob`: `apply_bypass_mode`, no
+`old_log_prob` timer). In steady state one step is therefore
 
-    max(generation on r GPUs, old_log_prob + ref + update (+ critic) on N - r) + weight sync
+    max(generation on r GPUs, ref + update (+ critic) on N - r) + weight sync
 
 and each pool's memory is its own: the rollout's GPUs hold vLLM alone (no actor states beside
 it, no sleep and wake-up: `free_cache_engine` is off), the trainer's hold the actor alone (no
 vLLM process asleep beside it, so less need for offload).
 
-UNCHECKED: these formulas reuse the colocated model's phase terms, each on its own pool, and
-have not yet been compared with measured split rows (scripts/gpu_split_study.sh measures them
-on 4 GPUs; until its rows are committed, a split prediction is the cost model's guess at the
-overlap, not a measured one). The sync term in particular is a broadcast of the whole bf16
-model from the trainer's pool to each rollout replica at the link between the pools.
+Checked against one measured split row so far (results/split4k-h200-x2 trial 1: 2 x H200,
+r1+t1): each pool's device peak within 3% of these formulas, the step 32.3 s measured against
+39.0 predicted while the old_log_prob pass it does not run was still charged (6.3 s), and
+generation on the rollout's GPU 21% slower than its colocated term (32.1 s against 26.5): one
+row, one ratio of pools. The sync term is a broadcast of the whole bf16 model from the
+trainer's pool to each rollout replica at the link between the pools.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from tuner.space import Candidate, RolloutDims
 
 
 def training_s(times: PhaseTimes) -> float:
-    """The trainer pool's part of a step: old_log_prob, reference, update and the critic."""
+    """The trainer pool's part of a step: old_log_prob (none in a split: split_times), the
+    reference, the update and the critic."""
     return times.old_log_prob_s + times.ref_s + times.update_actor_s + times.critic_s
 
 
@@ -70,9 +77,15 @@ def split_sync_s(
 
 
 def split_times(trainer_times: PhaseTimes, rollout_times: PhaseTimes, sync_s: float) -> PhaseTimes:
-    """The split's phases: training from the trainer's pool, generation from the rollout's,
-    the sync between them; `bottleneck` the longer side."""
-    times = replace(trainer_times, generation_s=rollout_times.generation_s, reshard_s=sync_s)
+    """The split's phases: training from the trainer's pool less old_log_prob, which the
+    one-step-off trainer does not run (bypass mode: module docstring), generation from the
+    rollout's, the sync between them; `bottleneck` the longer side."""
+    times = replace(
+        trainer_times,
+        generation_s=rollout_times.generation_s,
+        reshard_s=sync_s,
+        old_log_prob_s=0.0,
+    )
     if times.generation_s >= training_s(times):
         times = replace(times, bottleneck="generation")
     return times
