@@ -93,8 +93,8 @@ TRAINING_REACH = ("update", "log_prob", "update_device", "log_prob_device")
 STEP_REACH = REACH_PARTS
 """The placement's reach: every part."""
 LAYOUT_REACH = tuple(part for part in REACH_PARTS if part != "generation")
-"""The actor's layout's reach: every part but generation's time (vLLM's own layout is the
-rollout knobs')."""
+"""The actor's layout's reach (and param offload's): every part but generation's time (vLLM's
+own layout is the rollout knobs')."""
 
 
 class Undeclared(enum.Enum):
@@ -539,14 +539,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="param_offload",
-        reaches=(
-            "sync",
-            "update",
-            "log_prob",
-            "generation_device",
-            "update_device",
-            "log_prob_device",
-        ),
+        reaches=LAYOUT_REACH,  # the weights' home: the sync, both passes, every device total
         fastest=False,
         group="memory",
         help="offload parameters and gradients",
