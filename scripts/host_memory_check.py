@@ -4,12 +4,14 @@
 
 Every verl row of results/*.csv that logged verl's `perf/cpu_memory_used_gb` (psutil's used
 memory of the whole node, at the end of the update: verl/workers/engine_workers.py) is a
-measurement; every row that Ray's memory monitor killed (`failure=host-oom`) is a lower bound,
-whose node size and kill line its own log gives ("exceeded threshold of <B>B (95.0% of <B>B
-limit)"). First the least-squares fit of the three constants on the measured rows
-(host = base + per_model x the model's bf16 GiB + per_offloaded x the GiB the trainer GPUs
-offload); then each row with the code's constants: measured or killed, predicted, error, and for
-the killed rows whether the prediction would have pruned them on their node.
+measurement (a split row's, vLLM and the actor on GPUs of their own, is listed but not fitted:
+tuner/estimate/host_memory.py); every row that Ray's memory monitor killed
+(`failure=host-oom`) is a lower bound, whose node size and kill line its own log gives
+("exceeded threshold of <B>B (95.0% of <B>B limit)"). First the least-squares fit of the three
+constants on the measured rows (host = base + per_model x the model's bf16 GiB + per_offloaded
+x the GiB the trainer GPUs offload); then each row with the code's constants: measured or
+killed, predicted, error, and for the killed rows whether the prediction would have pruned
+them on their node.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def node_gib(row: dict[str, str]) -> float | None:
 
 
 def main() -> int:
-    measured, killed = [], []
+    measured, killed, split = [], [], []
     for path in sorted((ROOT / "results").glob("*.csv")):
         for row in read_raw(path):
             if row.get("runner") != "verl":
@@ -82,7 +84,9 @@ def main() -> int:
                 f"{row['train_parallel']} x{cl.num_gpus} param_offload "
                 f"{c.param_offload} optimizer_offload {c.optimizer_offload}"
             )
-            if used is not None:
+            if used is not None and c.rollout_gpus:
+                split.append((label, knobs, x, float(used), pred))
+            elif used is not None:
                 measured.append((label, knobs, x, float(used), pred))
             else:
                 killed.append((label, knobs, x, node_gib(row), pred))
@@ -106,6 +110,11 @@ def main() -> int:
         print(
             f"{label:<22} {knobs:<58} {m:>6.2f} {o:>6.2f} {used:>9.1f} {pred:>9.1f} "
             f"{pred / used - 1:>+6.1%}"
+        )
+    for label, knobs, (m, o), used, pred in split:
+        print(
+            f"{label:<22} {knobs:<58} {m:>6.2f} {o:>6.2f} {used:>9.1f} {pred:>9.1f} "
+            f"{pred / used - 1:>+6.1%}  split: not in the fit, not modelled"
         )
     for label, knobs, (m, o), node, pred in killed:
         line = RAY_KILL_FRACTION * node if node else None
