@@ -106,12 +106,15 @@ for r in rows:
     split = int(r.get("rollout_gpus") or 0) > 0
     if split not in best or f(r, "tokens_per_s_per_gpu") > f(best[split], "tokens_per_s_per_gpu"):
         best[split] = r
+def gen(r):  # a split row whose trainer never waited has a bound, not a time (verl_log)
+    bound = parse_extra(r.get("extra", "")).get("generation_at_most_s")
+    return f"{f(r, 'generation_s'):.1f}" if r.get("generation_s") else f"<= {float(bound or 0):.1f}"
 for split, r in sorted(best.items()):
     place = placement_label(int(r.get("rollout_gpus") or 0), int(r["num_gpus"]))
     train = f(r, "old_log_prob_s") + f(r, "ref_s") + f(r, "update_actor_s")
     print(f"{place:>14}  trial {r['trial']:>3}  {r['train_parallel']} / rollout {r['infer_parallel']}"
           f"  {f(r, 'tokens_per_s_per_gpu'):.0f} tok/s/gpu  step {f(r, 'step_s'):.1f} s"
-          f"  gen {f(r, 'generation_s'):.1f}  train {train:.1f}  sync {f(r, 'reshard_s'):.1f}")
+          f"  gen {gen(r)}  train {train:.1f}  sync {f(r, 'reshard_s'):.1f}")
 for r in rows:  # every ok row: what bounds its step, and each pool's memory against its prediction
     ex = parse_extra(r.get("extra", ""))
     pools = ""

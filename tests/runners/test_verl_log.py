@@ -203,3 +203,40 @@ def test_a_real_h100_runs_metrics_file_gives_every_column() -> None:
     assert f["peak_mem_gib"] == pytest.approx(44.70, abs=0.01)
     assert f["peak_mem_reserved_gib"] == pytest.approx(45.04, abs=0.01)
     assert got.extra["cpu_memory_used_gb"] > 0
+
+
+def test_a_split_step_that_never_waited_for_its_generation_gives_a_bound_not_a_time() -> None:
+    """verl's one-step-off trainer closes `generate_async` when its event loop next runs: where
+    the trainer did not wait (`gen` ~ 0), that is the training's time, so the row keeps it as
+    generation_at_most_s in `extra` and leaves generation_s empty; where it waited, the
+    generation is measured (verl_log.GEN_WAIT_NONE_S)."""
+    base = {k: v for k, v in step_metrics(3).items() if k != "timing_s/gen"}
+    split = {"timing_s/generate_async": 32.5, "timing_s/sync_rollout_weights": 0.6}
+    done = measures({3: {**base, **split, "timing_s/gen": 6.8e-05}})
+    waited = measures({3: {**base, **split, "timing_s/gen": 4.0}})
+    assert done is not None and waited is not None
+    assert "generation_s" not in done.fields
+    assert done.extra["generation_at_most_s"] == 32.5 and done.extra["gen_wait_s"] == 6.8e-05
+    assert waited.fields["generation_s"] == 32.5 and waited.extra["gen_wait_s"] == 4.0
+    assert "generation_at_most_s" not in waited.extra
+
+
+def test_the_committed_split_runs_generation_is_a_bound() -> None:
+    """results/split4k-h200-x2 trial 1 (r1+t1 on 2 x H200): in its steady steps the trainer
+    never waited, and generate_async (32.5, 31.8 s) is ref + update (31.8, 31.6 s), not vLLM's
+    time; its colocated twin (trial 2) measures generation as every colocated run does."""
+    import gzip
+
+    trials = Path(__file__).resolve().parents[2] / "results" / "split4k-h200-x2" / "trials"
+    got = {}
+    for trial in (1, 2):
+        text = gzip.decompress((trials / str(trial) / "verl.log.gz").read_bytes()).decode()
+        got[trial] = measures(read_console(text), 3, last=4, num_gpus=2)
+    split, colocated = got[1], got[2]
+    assert split is not None and colocated is not None
+    assert "generation_s" not in split.fields
+    assert split.extra["generation_at_most_s"] == pytest.approx(32.14, abs=0.05)
+    assert split.extra["gen_wait_s"] < 1e-3
+    training = split.fields["ref_s"] + split.fields["update_actor_s"]
+    assert split.extra["generation_at_most_s"] == pytest.approx(training, rel=0.03)
+    assert colocated.fields["generation_s"] == pytest.approx(20.17, abs=0.05)

@@ -20,10 +20,11 @@ vLLM process asleep beside it, so less need for offload).
 
 Checked against one measured split row so far (results/split4k-h200-x2 trial 1: 2 x H200,
 r1+t1): each pool's device peak within 3% of these formulas, the step 32.3 s measured against
-39.0 predicted while the old_log_prob pass it does not run was still charged (6.3 s), and
-generation on the rollout's GPU 21% slower than its colocated term (32.1 s against 26.5): one
-row, one ratio of pools. The sync term is a broadcast of the whole bf16 model from the
-trainer's pool to each rollout replica at the link between the pools.
+39.0 predicted while the old_log_prob pass it does not run was still charged (6.3 s); its
+generation is not measured there (the trainer never waited for it, and verl's timer then gives
+the training's time: runners/verl_log.GEN_WAIT_NONE_S), only bounded, at most 32.1 s against
+26.5 predicted. One row, one ratio of pools. The sync term is a broadcast of the whole bf16
+model from the trainer's pool to each rollout replica at the link between the pools.
 """
 
 from __future__ import annotations

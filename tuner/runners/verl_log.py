@@ -39,7 +39,20 @@ FIELDS = {
 SPLIT_GENERATION = "timing_s/generate_async"
 """verl 0.9.1's one-step-off-policy trainer (experimental/one_step_off_policy/ray_trainer.py):
 the whole generation, overlapped with the previous step's training; its `timing_s/gen` is only
-the wait for it (kept in `extra` as gen_wait_s). A split row's generation_s is this."""
+the wait for it (kept in `extra` as gen_wait_s). A split row's generation_s is this where the
+trainer waited for it, a bound where it did not (GEN_WAIT_NONE_S)."""
+GEN_WAIT_NONE_S = 1e-3
+"""A split step's wait for its generation (`timing_s/gen`) at or below this is the await's own
+overhead (4-7e-5 s in results/split4k-h200-x2 trial 1): the generation had ended before the
+trainer asked for it, and its `generate_async` does not say when. verl 0.9.1 starts the next
+generation as an asyncio task (experimental/one_step_off_policy/ray_trainer.py `_fit_generate`:
+asyncio.create_task) whose timer (`_async_gen_next_batch`: marked_timer generate_async) closes
+when the task resumes, and the trainer computes the reference and the update synchronously in
+the same event loop (`fit_step`), so the task resumes only at the trainer's next await: such a
+step's generate_async is the training's time, not vLLM's (there: 32.5 s against ref + update
+31.8 s, step after step). Its generation took at most that: the row keeps it in `extra` as
+generation_at_most_s, not as a measured generation_s. Where the trainer waited, the loop was
+idle and the timer closed when vLLM finished: the generation is measured."""
 SPLIT_SYNC = "timing_s/sync_rollout_weights"
 """The same trainer's weight sync to the rollout's GPUs, around `timing_s/update_weights`: a
 split row's reshard_s."""
@@ -183,8 +196,9 @@ def measures(
         [{f: v for f, k in EXTRA.items() if (v := _metric(d, k)) is not None} for d in window],
         largest=("response_length_max",),
     )
-    if "gen_wait_s" in out:  # a split step's wait for its generation: not a row field
-        extra["gen_wait_s"] = out.pop("gen_wait_s")
+    for key in ("gen_wait_s", "generation_at_most_s"):  # a split step's: not row fields
+        if key in out:
+            extra[key] = out.pop(key)
     verl_tps = out.get("tokens_per_s_per_gpu")
     tokens = [d.get("perf/total_num_tokens") for d in window]
     times = [fields.get("step_s") for fields in per_step]
@@ -214,14 +228,18 @@ def _over_steps(rows: list[dict[str, float]], *, largest: tuple[str, ...]) -> di
 
 def _step_fields(data: dict[str, float]) -> dict[str, float]:
     """One step's TrialResult fields (a split step's generation is its whole generation, its
-    wait kept as gen_wait_s)."""
+    wait kept as gen_wait_s; where it did not wait, only a bound: GEN_WAIT_NONE_S)."""
     out = {f: v for f, k in FIELDS.items() if (v := _metric(data, k)) is not None}
     if "step_s" not in out and "timing_s/step" in data:
         out["step_s"] = data["timing_s/step"]
     if SPLIT_GENERATION in data:  # one-step-off: `gen` is the wait, the generation is this
-        if "generation_s" in out:
-            out["gen_wait_s"] = out["generation_s"]
-        out["generation_s"] = data[SPLIT_GENERATION]
+        wait = out.pop("generation_s", None)
+        if wait is not None:
+            out["gen_wait_s"] = wait
+        if wait is not None and wait <= GEN_WAIT_NONE_S:
+            out["generation_at_most_s"] = data[SPLIT_GENERATION]
+        else:
+            out["generation_s"] = data[SPLIT_GENERATION]
         if SPLIT_SYNC in data:
             out["reshard_s"] = data[SPLIT_SYNC]
     if "perf/mfu/actor" in data:
