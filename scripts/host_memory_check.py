@@ -106,15 +106,11 @@ def main() -> int:
         f"{'row':<22} {'what ran':<58} {'model':>6} {'offl.':>6} {'measured':>9} "
         f"{'predicted':>9} {'error':>6}"
     )
-    for label, knobs, (m, o), used, pred in measured:
+    notes = [""] * len(measured) + ["  split: not in the fit, not modelled"] * len(split)
+    for (label, knobs, (m, o), used, pred), note in zip([*measured, *split], notes, strict=True):
         print(
             f"{label:<22} {knobs:<58} {m:>6.2f} {o:>6.2f} {used:>9.1f} {pred:>9.1f} "
-            f"{pred / used - 1:>+6.1%}"
-        )
-    for label, knobs, (m, o), used, pred in split:
-        print(
-            f"{label:<22} {knobs:<58} {m:>6.2f} {o:>6.2f} {used:>9.1f} {pred:>9.1f} "
-            f"{pred / used - 1:>+6.1%}  split: not in the fit, not modelled"
+            f"{pred / used - 1:>+6.1%}{note}"
         )
     for label, knobs, (m, o), node, pred in killed:
         line = RAY_KILL_FRACTION * node if node else None

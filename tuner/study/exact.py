@@ -125,20 +125,24 @@ TRAINING = tuple(
 branch sets them."""
 _AFTER_TRAINING = (*UPDATE, *LOG_PROB, *_ROLLOUT)
 _NO_DEVICE = frozenset((*TRAINING_TIME_ONLY, *GENERATION))
+
+
+def _touching(*parts: str) -> frozenset[str]:
+    """The sampled knobs that reach any of `parts` (REACH_PARTS)."""
+    return frozenset(_reaching(lambda r: not r.isdisjoint(parts)))
+
+
 _REACH_DEVICE: dict[str, frozenset[str]] = {
-    phase: frozenset(_reaching(lambda r, part=part: part in r))  # type: ignore[misc]
-    for phase, part in (
-        ("generation", "generation_device"),
-        ("update_actor", "update_device"),
-        ("old_log_prob", "log_prob_device"),
-    )
+    "generation": _touching("generation_device"),
+    "update_actor": _touching("update_device"),
+    "old_log_prob": _touching("log_prob_device"),
 }
 """The knobs that reach each phase's device total."""
 _REACH_TIME: dict[str, frozenset[str]] = {
-    "generation": frozenset(_reaching(lambda r: "generation" in r)),
-    "sync": frozenset(_reaching(lambda r: "sync" in r)),
-    "training": frozenset(_reaching(lambda r: bool(r & _TRAINING_PARTS))),
-    "log_prob": frozenset(_reaching(lambda r: "log_prob" in r)),
+    "generation": _touching("generation"),
+    "sync": _touching("sync"),
+    "training": _touching(*_TRAINING_PARTS),
+    "log_prob": _touching("log_prob"),
 }
 """The knobs that reach each part of the step's time (log_prob: the log-prob passes' share of
 training's)."""
@@ -345,9 +349,8 @@ class _Model:
         return Candidate(layout=v.pop("layout"), **v)
 
     def _at(self, values: Values, keep: frozenset[str]) -> Candidate:
-        v = dict(values)
-        v.update(self._rest[keep])
-        return Candidate(layout=v.pop("layout"), **v)
+        """The candidate of `values` with the knobs outside `keep` at the base's values."""
+        return self.candidate({**values, **self._rest[keep]})
 
     def set_base(self, base: Values) -> None:
         self.base = base
